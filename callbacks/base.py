@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fl_lightning.federation import Federation
+
+
+class FederatedCallback:
+    """Hooks of the federated loop (round granularity; Lightning callbacks run inside
+    each client's Trainer)."""
+
+    def on_fit_start(self, federation: "Federation") -> None: ...
+
+    def on_round_end(self, federation: "Federation", round_index: int, metrics: dict[str, Any]) -> None: ...
+
+    def on_fit_end(self, federation: "Federation", summary: dict[str, Any]) -> None: ...

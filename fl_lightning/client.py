@@ -1,0 +1,168 @@
+"""Client-side training: one Lightning ``Trainer`` fit per sampled client, run in the
+main process or in worker processes (same results either way)."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fl_lightning.config import FederationConfig, TrainerConfig
+from fl_lightning.data.batches import ClientBatches
+from fl_lightning.modules import BinaryDetector, MultiClassClassifier
+from fl_lightning.strategies.base import ClientResult, ClientTask
+
+
+def client_seed(seed: int, round_index: int, client_id: int) -> int:
+    """Each client's randomness (batch order, augmentation) in a round comes from this
+    seed alone, so results do not depend on which process trains it, or on resuming."""
+    return int(np.random.SeedSequence([seed, round_index, client_id]).generate_state(1)[0])
+
+
+def resolve_accelerator(cfg: TrainerConfig) -> str:
+    if cfg.accelerator == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if cfg.accelerator == "gpu" and not torch.cuda.is_available():
+        raise ValueError("trainer.accelerator=gpu but torch sees no CUDA device")
+    return cfg.accelerator
+
+
+def resolve_precision(cfg: TrainerConfig) -> str:
+    """'auto': bf16 autocast where the GPU has bf16 units, else full precision (on a CPU,
+    bf16 autocast measured no faster for these small networks)."""
+    if cfg.precision != "auto":
+        return cfg.precision
+    if resolve_accelerator(cfg) == "gpu" and torch.cuda.is_bf16_supported():
+        return "bf16-mixed"
+    return "32-true"
+
+
+def quiet_lightning() -> None:
+    """Per-client Trainers would otherwise print device banners and tips every fit."""
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module="lightning")
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+
+
+def build_module(task: ClientTask, template: nn.Module):
+    if task.kind == "detectors":
+        return BinaryDetector(template, task.classes, task.params, task.optimizer, stacking=task.stacking)
+    if task.kind == "classifier":
+        import copy
+
+        network = copy.deepcopy(template)
+        network.load_state_dict(task.params)
+        return MultiClassClassifier(network, task.optimizer)
+    raise ValueError(f"unknown client task kind {task.kind!r}")
+
+
+def extract_params(task: ClientTask, module) -> dict[str, Tensor]:
+    return module.stacked_state() if task.kind == "detectors" else module.flat_state()
+
+
+@dataclass
+class ClientContext:
+    """What every client fit shares: the whole data set and the run's settings."""
+
+    x: Tensor
+    y: Tensor
+    template: nn.Module
+    federation: FederationConfig
+    trainer: TrainerConfig
+    seed: int
+
+
+def train_client(ctx: ClientContext, task: ClientTask, indices: np.ndarray, round_index: int) -> ClientResult:
+    from lightning.pytorch import Trainer
+
+    seed = client_seed(ctx.seed, round_index, task.client_id)
+    torch.manual_seed(seed)
+    batches = ClientBatches(ctx.x, ctx.y, torch.from_numpy(indices), ctx.federation.batch_size,
+                            torch.Generator().manual_seed(seed))
+    module = build_module(task, ctx.template)
+    losses: list[Tensor] = []
+    module.training_step = _recording(module.training_step, losses, len(batches))
+    trainer = Trainer(
+        max_epochs=ctx.federation.local_epochs,
+        accelerator=resolve_accelerator(ctx.trainer),
+        devices=1,
+        precision=resolve_precision(ctx.trainer),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    trainer.fit(module, train_dataloaders=batches)
+    last_epoch = torch.stack(losses[-len(batches):]).mean().item() if losses else float("nan")
+    return ClientResult(task.client_id, extract_params(task, module), len(indices), task.classes,
+                        last_epoch, trainer.global_step)
+
+
+def _recording(step_fn, losses: list, keep: int):
+    def step(batch, batch_idx):
+        loss = step_fn(batch, batch_idx)
+        losses.append(loss.detach())
+        if len(losses) > keep:
+            del losses[0]
+        return loss
+
+    return step
+
+
+# ---- execution: in process, or on worker processes -------------------------------------
+
+_WORKER_CTX: Optional[ClientContext] = None
+
+
+def _worker_init(threads: int) -> None:
+    torch.set_num_threads(threads)
+    quiet_lightning()
+
+
+def _worker_train(args):
+    task, indices, round_index = args
+    return train_client(_WORKER_CTX, task, indices, round_index)
+
+
+class ClientExecutor:
+    """Trains a round's clients. With ``workers > 1`` on a CPU, forked processes (one torch
+    thread each unless set) share the data set's memory with the parent."""
+
+    def __init__(self, ctx: ClientContext) -> None:
+        global _WORKER_CTX
+        self.ctx = ctx
+        cfg = ctx.trainer
+        if cfg.workers < 1:
+            raise ValueError(f"trainer.workers={cfg.workers} must be >= 1")
+        self.parallel = cfg.workers > 1 and resolve_accelerator(cfg) == "cpu"
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = cfg.threads or (1 if self.parallel else cores)
+        # The parent waits while workers train, then evaluates alone: it may use every core.
+        torch.set_num_threads(cfg.threads or cores)
+        quiet_lightning()
+        self._pool = None
+        if self.parallel:
+            _WORKER_CTX = ctx  # inherited by fork, never pickled
+            self._pool = mp.get_context("fork").Pool(cfg.workers, initializer=_worker_init, initargs=(threads,))
+
+    def run(self, jobs: Sequence[tuple[ClientTask, np.ndarray]], round_index: int) -> list[ClientResult]:
+        args = [(task, indices, round_index) for task, indices in jobs]
+        if self._pool is not None:
+            return self._pool.map(_worker_train, args, chunksize=1)
+        return [train_client(self.ctx, *a) for a in args]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool.join()
+            self._pool = None

@@ -1,0 +1,154 @@
+"""Typed settings of a federation. jsonargparse reads them from YAML and the command
+line, so a wrong key or a wrong type is rejected with its dotted name."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional
+
+DATA_ROOT_ENV = "FL_LIGHTNING_DATA"
+
+
+def default_data_root() -> str:
+    return os.environ.get(DATA_ROOT_ENV, str(Path.home() / ".cache" / "fl_lightning" / "data"))
+
+
+@dataclass
+class DataConfig:
+    """Which data set, and where its files are.
+
+    Attributes:
+        name: fashion_mnist | mnist | cifar10 | synthetic (small generated images, for tests).
+        root: writable folder in torchvision's layout; defaults to $FL_LIGHTNING_DATA,
+            else ~/.cache/fl_lightning/data.
+        offline_roots: read-only folders in torchvision's layout searched when ``root`` lacks
+            the files (e.g. ../shared/data for MNIST and CIFAR-10).
+        idx_gz_dir: a folder holding the original ``*-ubyte.gz`` files of an (F)MNIST set, such
+            as Debian's /usr/share/datasets/fashion-mnist; they are unpacked into ``root``.
+        download: let torchvision download missing files (needs internet).
+        check_integrity: verify torchvision's md5 sums; turn off for rebuilt copies such as
+            the offline CIFAR-10 in shared/data, whose pickles differ from the originals.
+        synthetic_size: training samples of the synthetic set (its test set is a quarter).
+    """
+
+    name: Literal["fashion_mnist", "mnist", "cifar10", "synthetic"] = "fashion_mnist"
+    root: Optional[str] = None
+    offline_roots: list[str] = field(default_factory=lambda: ["../shared/data"])
+    idx_gz_dir: Optional[str] = None
+    download: bool = False
+    check_integrity: bool = True
+    synthetic_size: int = 2000
+
+
+@dataclass
+class PartitionConfig:
+    """How the training set is split over clients (seeded by the run's seed).
+
+    Attributes:
+        scheme: iid | non_iid_l (FedOVA: l shards of l different labels per client) |
+            num_labels (NIID-Bench #C=k) | dirichlet (NIID-Bench Dir(beta)).
+        num_clients: K.
+        labels_per_client: l of non-IID-l, k of #C=k.
+        dirichlet_beta: concentration of Dir(beta).
+        min_samples: Dir(beta) redraws until every client holds at least this many samples.
+        share_fraction: data-sharing baseline (Zhao et al. 2018): a random global subset of
+            share_fraction x |D_k| samples is added to every client; 0 turns it off.
+    """
+
+    scheme: Literal["iid", "non_iid_l", "num_labels", "dirichlet"] = "non_iid_l"
+    num_clients: int = 100
+    labels_per_client: int = 2
+    dirichlet_beta: float = 0.5
+    min_samples: int = 10
+    share_fraction: float = 0.0
+
+
+@dataclass
+class ModelConfig:
+    """Attributes:
+    architecture: fashion_cnn (FedOVA's F-MNIST CNN) | vgg11 (CIFAR-10)."""
+
+    architecture: Literal["fashion_cnn", "vgg11"] = "fashion_cnn"
+
+
+@dataclass
+class OptimizerConfig:
+    """The clients' local optimizer, created afresh for every local fit (as in FedAvg).
+
+    Attributes:
+        name: sgd | adam.
+        lr: learning rate.
+        momentum: SGD momentum.
+        weight_decay: L2 penalty.
+    """
+
+    name: Literal["sgd", "adam"] = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+@dataclass
+class FederationConfig:
+    """The round structure.
+
+    Attributes:
+        rounds: T.
+        client_fraction: C; max(1, round(C*K)) clients are sampled per round.
+        local_epochs: E.
+        batch_size: B; 0 means the whole local set in one batch (the paper's B = infinity).
+        eval_every: evaluate on the test set every this many rounds, and in every round of
+            the final window.
+        final_window: "final accuracy" is the mean over the last this many evaluations
+            (the paper's convention: 20).
+    """
+
+    rounds: int = 100
+    client_fraction: float = 0.2
+    local_epochs: int = 5
+    batch_size: int = 15
+    eval_every: int = 1
+    final_window: int = 20
+
+
+@dataclass
+class TrainerConfig:
+    """How each client's Lightning ``Trainer`` runs.
+
+    Attributes:
+        accelerator: auto | cpu | gpu.
+        precision: auto (bf16-mixed where the GPU supports it, else 32-true) | 32-true |
+            bf16-mixed | 16-mixed.
+        workers: client-training processes; >1 trains sampled clients in parallel on the
+            CPU cores (results are identical: each client's randomness is derived from
+            (seed, round, client)). GPUs train in the main process.
+        threads: torch threads per process; default: all cores with one worker, 1 per
+            worker otherwise (a second busy process makes OpenMP spin-waits ~100x slower).
+    """
+
+    accelerator: Literal["auto", "cpu", "gpu"] = "auto"
+    precision: Literal["auto", "32-true", "bf16-mixed", "16-mixed"] = "auto"
+    workers: int = 1
+    threads: Optional[int] = None
+
+
+@dataclass
+class RunConfig:
+    """Where results go.
+
+    Attributes:
+        dir: run directory (summary.json, metrics, checkpoints).
+        checkpoint_every: write the whole federation state every this many rounds (and at
+            the end); 0 only at the end.
+        logger: csv | wandb (honours WANDB_MODE=offline) | none.
+        wandb_project: W&B project name.
+        progress: one console line per round.
+    """
+
+    dir: str = "runs/default"
+    checkpoint_every: int = 10
+    logger: Literal["csv", "wandb", "none"] = "csv"
+    wandb_project: str = "fl_lightning"
+    progress: bool = True

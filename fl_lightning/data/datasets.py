@@ -1,0 +1,175 @@
+"""Whole data sets as in-memory tensors (loaded once; clients are index views).
+
+The loading goes through torchvision's dataset classes, so online users get
+``download=True`` and everyone gets torchvision's folder layout.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from fl_lightning.config import DataConfig, default_data_root
+
+# Per-channel statistics of the training sets, for standardisation.
+_NORMALISATION = {
+    "fashion_mnist": ((0.2860,), (0.3530,)),
+    "mnist": ((0.1307,), (0.3081,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+}
+_IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+@dataclass
+class FederatedDataset:
+    """Standardised float images (N, C, H, W) and int64 labels, train and test."""
+
+    name: str
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    num_classes: int
+
+    @property
+    def in_channels(self) -> int:
+        return self.train_x.shape[1]
+
+    @property
+    def image_size(self) -> int:
+        return self.train_x.shape[-1]
+
+
+class DataNotFoundError(FileNotFoundError):
+    pass
+
+
+def load_dataset(cfg: DataConfig) -> FederatedDataset:
+    if cfg.name == "synthetic":
+        return synthetic_dataset(cfg.synthetic_size)
+    root = Path(cfg.root or default_data_root()).expanduser()
+    if cfg.name in ("fashion_mnist", "mnist"):
+        train, test = _load_mnist_like(cfg, root)
+    elif cfg.name == "cifar10":
+        train, test = _load_cifar10(cfg, root)
+    else:  # pragma: no cover - the Literal type rejects it first
+        raise ValueError(f"data.name={cfg.name!r} is unknown")
+    mean, std = _NORMALISATION[cfg.name]
+    return FederatedDataset(
+        cfg.name,
+        _standardise(train[0], mean, std),
+        train[1],
+        _standardise(test[0], mean, std),
+        test[1],
+        num_classes=10,
+    )
+
+
+def _standardise(images_uint8: Tensor, mean, std) -> Tensor:
+    x = images_uint8.float().div_(255.0)
+    mean_t = torch.tensor(mean).view(1, -1, 1, 1)
+    std_t = torch.tensor(std).view(1, -1, 1, 1)
+    return x.sub_(mean_t).div_(std_t).contiguous()
+
+
+def _candidate_roots(cfg: DataConfig, root: Path) -> list[Path]:
+    return [root] + [Path(p).expanduser() for p in cfg.offline_roots]
+
+
+def _load_mnist_like(cfg: DataConfig, root: Path):
+    from torchvision.datasets import MNIST, FashionMNIST
+
+    cls = FashionMNIST if cfg.name == "fashion_mnist" else MNIST
+    folder = cls.__name__  # torchvision reads <root>/<ClassName>/raw/
+    if cfg.idx_gz_dir and not _has_idx_files(root / folder / "raw"):
+        _unpack_idx_gz(Path(cfg.idx_gz_dir).expanduser(), root / folder / "raw", cfg)
+    for candidate in _candidate_roots(cfg, root):
+        if _has_idx_files(candidate / folder / "raw"):
+            return _mnist_tensors(cls, candidate, download=False)
+    if cfg.download:
+        return _mnist_tensors(cls, root, download=True)
+    raise DataNotFoundError(
+        f"{cfg.name}: no idx files under {[str(c / folder / 'raw') for c in _candidate_roots(cfg, root)]}. "
+        f"Online: set data.download=true. Offline: put torchvision's layout under data.root "
+        f"(or ${'FL_LIGHTNING_DATA'}), list a copy in data.offline_roots, or point data.idx_gz_dir at the "
+        f"original *-ubyte.gz files (Fashion-MNIST: `apt-get install dataset-fashion-mnist`, "
+        f"then data.idx_gz_dir=/usr/share/datasets/fashion-mnist)."
+    )
+
+
+def _mnist_tensors(cls, root: Path, download: bool):
+    train = cls(str(root), train=True, download=download)
+    test = cls(str(root), train=False, download=download)
+    return (train.data.unsqueeze(1), train.targets.long()), (test.data.unsqueeze(1), test.targets.long())
+
+
+def _has_idx_files(folder: Path) -> bool:
+    return all((folder / name).exists() for name in _IDX_FILES)
+
+
+def _unpack_idx_gz(source: Path, target: Path, cfg: DataConfig) -> None:
+    missing = [n for n in _IDX_FILES if not (source / f"{n}.gz").exists()]
+    if missing:
+        raise DataNotFoundError(f"data.idx_gz_dir={str(source)!r} lacks {[m + '.gz' for m in missing]}")
+    target.mkdir(parents=True, exist_ok=True)
+    for name in _IDX_FILES:
+        partial = target / f"{name}.partial"
+        with gzip.open(source / f"{name}.gz", "rb") as src, open(partial, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        partial.replace(target / name)  # atomic: a crash never leaves a truncated idx file
+
+
+def _load_cifar10(cfg: DataConfig, root: Path):
+    from torchvision.datasets import CIFAR10
+
+    class UncheckedCIFAR10(CIFAR10):
+        def _check_integrity(self) -> bool:  # rebuilt copies have other md5 sums
+            return (Path(self.root) / self.base_folder / "data_batch_1").exists()
+
+    cls = CIFAR10 if cfg.check_integrity else UncheckedCIFAR10
+    for candidate in _candidate_roots(cfg, root):
+        if (candidate / "cifar-10-batches-py" / "data_batch_1").exists():
+            try:
+                return _cifar_tensors(cls, candidate, download=False)
+            except RuntimeError as err:
+                raise DataNotFoundError(
+                    f"cifar10 under {candidate} failed torchvision's integrity check ({err}). A rebuilt copy "
+                    f"(such as shared/data's JPEG rebuild) needs data.check_integrity=false."
+                ) from err
+    if cfg.download:
+        return _cifar_tensors(cls, root, download=True)
+    raise DataNotFoundError(
+        f"cifar10: no cifar-10-batches-py/ under {[str(c) for c in _candidate_roots(cfg, root)]}. "
+        f"Online: set data.download=true. Offline: list a folder holding cifar-10-batches-py/ in data.offline_roots."
+    )
+
+
+def _cifar_tensors(cls, root: Path, download: bool):
+    train = cls(str(root), train=True, download=download)
+    test = cls(str(root), train=False, download=download)
+
+    def to_tensor(ds):
+        return torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(), torch.tensor(ds.targets, dtype=torch.long)
+
+    return to_tensor(train), to_tensor(test)
+
+
+def synthetic_dataset(train_size: int, num_classes: int = 10, image_size: int = 28, seed: int = 0) -> FederatedDataset:
+    """Learnable generated images: a fixed random prototype per class plus noise."""
+    g = torch.Generator().manual_seed(seed)
+    prototypes = torch.randn(num_classes, 1, image_size, image_size, generator=g)
+
+    def draw(n: int):
+        y = torch.arange(n) % num_classes
+        y = y[torch.randperm(n, generator=g)]
+        x = prototypes[y] + 1.5 * torch.randn(n, 1, image_size, image_size, generator=g)
+        return x, y
+
+    train_x, train_y = draw(train_size)
+    test_x, test_y = draw(max(num_classes, train_size // 4))
+    return FederatedDataset("synthetic", train_x, train_y, test_x, test_y, num_classes)

@@ -1,0 +1,246 @@
+"""The one federated loop. Algorithms plug in as a ``Strategy`` (server side) and the
+LightningModules it hands to clients; logging and checkpoints are callbacks."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+from torchmetrics.classification import MulticlassAccuracy
+
+from callbacks import Checkpointing, ConsoleProgress, FederatedCallback, MetricsLogger, PartitionStatistics
+from fl_lightning.checkpoint import load_checkpoint
+from fl_lightning.client import ClientContext, ClientExecutor, resolve_accelerator
+from fl_lightning.config import (DataConfig, FederationConfig, ModelConfig, OptimizerConfig, PartitionConfig,
+                                 RunConfig, TrainerConfig)
+from fl_lightning.data import load_dataset, partition_clients, partition_table
+from fl_lightning.models import build_architecture
+from fl_lightning.strategies import FedOVA, Strategy
+
+EVAL_BATCH = 500
+# Settings that may differ between a checkpoint and the run resuming it.
+_RESUMABLE_CHANGES = {"federation.rounds", "run", "trainer", "data.root", "data.offline_roots", "data.idx_gz_dir",
+                      "data.download", "federation.eval_every", "ckpt_path"}
+
+
+def sample_clients(generator: torch.Generator, num_clients: int, fraction: float) -> list[int]:
+    """K_t: max(1, round(C*K)) distinct clients, from the sampler's own generator."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"federation.client_fraction={fraction} must lie in (0, 1]")
+    m = max(1, int(round(fraction * num_clients)))
+    return sorted(torch.randperm(num_clients, generator=generator)[:m].tolist())
+
+
+class Federation:
+    def __init__(
+        self,
+        data: DataConfig,
+        partition: PartitionConfig,
+        algorithm: Strategy,
+        model: ModelConfig,
+        optimizer: OptimizerConfig,
+        federation: FederationConfig,
+        trainer: TrainerConfig,
+        run: RunConfig,
+        seed: int = 0,
+        callbacks: Optional[Sequence[FederatedCallback]] = None,
+        config: Optional[dict] = None,
+    ) -> None:
+        self.data_cfg, self.partition, self.strategy = data, partition, algorithm
+        self.model_cfg, self.optimizer, self.federation = model, optimizer, federation
+        self.trainer_cfg, self.run, self.seed = trainer, run, seed
+        self.run_dir = run.dir
+        self.config = config or {
+            "data": asdict(data), "partition": asdict(partition), "model": asdict(model),
+            "optimizer": asdict(optimizer), "federation": asdict(federation), "trainer": asdict(trainer),
+            "run": asdict(run), "seed": seed,
+            "algorithm": {"class_path": type(algorithm).__name__, "init_args": dict(vars(algorithm))},
+        }
+        self._validate()
+        self.callbacks = list(callbacks) if callbacks is not None else self.default_callbacks()
+        self.round = 0
+        self.history: list[dict[str, Any]] = []
+        self._data = None
+
+    def _validate(self) -> None:
+        f = self.federation
+        for key, value, low in (("rounds", f.rounds, 0), ("local_epochs", f.local_epochs, 1), ("eval_every", f.eval_every, 1),
+                                ("final_window", f.final_window, 1)):
+            if value < low:
+                raise ValueError(f"federation.{key}={value} must be >= {low}")
+        if not 0 < f.client_fraction <= 1:
+            raise ValueError(f"federation.client_fraction={f.client_fraction} must lie in (0, 1]")
+        if f.batch_size < 0:
+            raise ValueError(f"federation.batch_size={f.batch_size} must be >= 0 (0 = whole local set)")
+
+    def default_callbacks(self) -> list[FederatedCallback]:
+        cbs: list[FederatedCallback] = [PartitionStatistics(), MetricsLogger(self.run.logger, self.run.wandb_project),
+                                        Checkpointing(self.run.checkpoint_every)]
+        if self.run.progress:
+            cbs.insert(1, ConsoleProgress())
+        return cbs
+
+    # ---- setup ---------------------------------------------------------------------------
+    def setup(self) -> None:
+        if self._data is not None:
+            return
+        self._data = load_dataset(self.data_cfg)
+        d = self._data
+        self.client_indices = partition_clients(d.train_y.numpy(), self.partition, self.seed)
+        self.partition_counts = partition_table(d.train_y.numpy(), self.client_indices, d.num_classes)
+        num_outputs = 1 if isinstance(self.strategy, FedOVA) else d.num_classes
+        self.template = build_architecture(self.model_cfg.architecture, d.in_channels, d.image_size, num_outputs)
+        self.device = torch.device("cuda" if resolve_accelerator(self.trainer_cfg) == "gpu" else "cpu")
+        stacking = "vmap" if self.device.type == "cuda" else "loop"
+        self.strategy.setup(self.template, d.num_classes, self.optimizer, stacking)
+        init_gen = torch.Generator().manual_seed(self.seed)
+        self.state = self.strategy.initial_state(init_gen)
+        self.sampler = torch.Generator().manual_seed(self.seed + 1)
+
+    # ---- checkpoint state ----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "state": self.state,
+            "sampler_state": self.sampler.get_state(),
+            "history": self.history,
+            "config": json.loads(json.dumps(self.config, default=str)),
+        }
+
+    def load_state_dict(self, ckpt: dict[str, Any]) -> None:
+        mismatch = _config_differences(ckpt["config"], json.loads(json.dumps(self.config, default=str)))
+        if mismatch:
+            raise ValueError(f"checkpoint was written with other settings: {mismatch}")
+        if set(ckpt["state"]) != set(self.state):
+            raise ValueError("checkpoint parameters do not match this model/algorithm")
+        self.round, self.state, self.history = ckpt["round"], ckpt["state"], list(ckpt["history"])
+        self.sampler.set_state(ckpt["sampler_state"])
+
+    # ---- the loop ------------------------------------------------------------------------
+    def fit(self, ckpt_path: Optional[str] = None) -> dict[str, Any]:
+        self.setup()
+        if ckpt_path:
+            self.load_state_dict(load_checkpoint(ckpt_path))
+        d = self._data
+        executor = ClientExecutor(ClientContext(d.train_x, d.train_y, self.template, self.federation,
+                                                self.trainer_cfg, self.seed))
+        started = time.perf_counter()
+        for cb in self.callbacks:
+            cb.on_fit_start(self)
+        try:
+            for round_index in range(self.round + 1, self.federation.rounds + 1):
+                metrics = self.run_round(round_index, executor)
+                self.round = round_index
+                self.history.append(metrics)
+                for cb in self.callbacks:
+                    cb.on_round_end(self, round_index, metrics)
+        finally:
+            executor.close()
+        summary = self.summary(time.perf_counter() - started)
+        for cb in self.callbacks:
+            cb.on_fit_end(self, summary)
+        self.write_summary(summary)
+        return summary
+
+    def run_round(self, round_index: int, executor: ClientExecutor) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        sampled = sample_clients(self.sampler, self.partition.num_clients, self.federation.client_fraction)
+        jobs = []
+        for k in sampled:
+            indices = self.client_indices[k]
+            task = self.strategy.configure_client(self.state, k, self._data.train_y.numpy()[indices])
+            if task is not None:
+                jobs.append((task, indices))
+        results = executor.run(jobs, round_index)
+        self.state, facts = self.strategy.aggregate(self.state, results)
+        metrics: dict[str, Any] = {
+            "round": round_index,
+            "train/loss": float(np.mean([r.train_loss for r in results])) if results else float("nan"),
+            "train/steps": int(sum(r.steps for r in results)),
+            "clients": len(results),
+            "bytes/down": int(sum(_nbytes(t.params) for t, _ in jobs)),
+            "bytes/up": int(sum(_nbytes(r.params) for r in results)),
+            **facts,
+        }
+        metrics["time/train_s"] = time.perf_counter() - t0
+        if self.should_evaluate(round_index):
+            metrics.update(self.evaluate())
+        metrics["time/round_s"] = time.perf_counter() - t0
+        return metrics
+
+    def should_evaluate(self, round_index: int) -> bool:
+        """Every ``eval_every`` rounds, and every round of the final window, so that the
+        final accuracy is always the mean over the last ``final_window`` rounds."""
+        f = self.federation
+        return round_index % f.eval_every == 0 or round_index > f.rounds - f.final_window
+
+    @torch.inference_mode()
+    def evaluate(self, split: str = "test") -> dict[str, float]:
+        """Accuracy of the global model (for FedOVA: argmax of the detectors, Eq. 3), in large
+        batches with every detector at once."""
+        self.setup()
+        x, y = (self._data.test_x, self._data.test_y) if split == "test" else (self._data.train_x, self._data.train_y)
+        state = {k: v.to(self.device) for k, v in self.state.items()}
+        accuracy = MulticlassAccuracy(num_classes=self._data.num_classes, average="micro").to(self.device)
+        scores = []
+        for start in range(0, len(x), EVAL_BATCH):
+            xb = x[start:start + EVAL_BATCH].to(self.device).contiguous(memory_format=torch.channels_last)
+            yb = y[start:start + EVAL_BATCH].to(self.device)
+            s = self.strategy.predict_logits(state, xb).float()
+            accuracy.update(s, yb)
+            scores.append(s)
+        all_scores = torch.cat(scores)
+        out = {f"{split}/accuracy": float(accuracy.compute())}
+        out.update({f"{split}/{k}": v for k, v in self.strategy.extra_metrics(state, x, y.to(self.device), all_scores).items()})
+        return out
+
+    # ---- results -------------------------------------------------------------------------
+    def summary(self, wall_time: float) -> dict[str, Any]:
+        evaluated = [m["test/accuracy"] for m in self.history if "test/accuracy" in m]
+        window = evaluated[-self.federation.final_window:]
+        return {
+            "algorithm": self.strategy.name,
+            "config": json.loads(json.dumps(self.config, default=str)),
+            "rounds": self.round,
+            "final_accuracy": float(np.mean(window)) if window else None,
+            "final_window": len(window),
+            "last_accuracy": evaluated[-1] if evaluated else None,
+            "bytes_total": int(sum(m["bytes/down"] + m["bytes/up"] for m in self.history)),
+            "wall_time_s": wall_time,
+            "seconds_per_round": float(np.mean([m["time/round_s"] for m in self.history])) if self.history else None,
+            "torch_threads": torch.get_num_threads(),
+            "workers": self.trainer_cfg.workers,
+            "device": str(self.device),
+            "history": self.history,
+        }
+
+    def write_summary(self, summary: dict[str, Any]) -> Path:
+        path = Path(self.run_dir) / "summary.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(summary, indent=1, default=str))
+        tmp.replace(path)
+        return path
+
+
+def _nbytes(params: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in params.values())
+
+
+def _config_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
+    diffs = []
+    for key in sorted(set(saved) | set(current)):
+        dotted = f"{prefix}{key}"
+        if dotted in _RESUMABLE_CHANGES or key == "config" and not prefix:
+            continue
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += _config_differences(a, b, dotted + ".")
+        elif a != b:
+            diffs.append(f"{dotted}: checkpoint {a!r} != now {b!r}")
+    return diffs

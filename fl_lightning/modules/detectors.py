@@ -1,0 +1,48 @@
+"""FedOVA's one-vs-all binary detectors (Eq. 2: f_i(x) = P(y = i | x; w_i))."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fl_lightning.config import OptimizerConfig
+from fl_lightning.modules.learner import LocalLearner
+from fl_lightning.modules.stacking import StackedModel
+
+
+class BinaryDetector(LocalLearner):
+    """One binary classifier per entry of ``classes``, each trained with binary
+    cross-entropy on ``y == class`` (positives: that class; negatives: every other
+    sample of the client).
+
+    A single class is the paper's classifier f_i. With several classes the detectors
+    are stacked and trained in one pass: the loss is the *sum* of their independent
+    losses, so each detector receives exactly its own gradient, and the optimizers used
+    here (SGD, Adam) act element-wise — the updates equal separate training
+    (``tests/test_detectors.py`` checks it).
+    """
+
+    def __init__(self, template: nn.Module, classes: Sequence[int], stacked: dict[str, Tensor],
+                 optimizer: OptimizerConfig, stacking: str = "loop") -> None:
+        super().__init__(optimizer)
+        if len(classes) != next(iter(stacked.values())).shape[0]:
+            raise ValueError(f"{len(classes)} classes but {next(iter(stacked.values())).shape[0]} stacked detectors")
+        self.detectors = StackedModel(template, stacked, mode=stacking)
+        self.register_buffer("classes", torch.as_tensor(list(classes), dtype=torch.long), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Logits, shape (num_detectors, batch)."""
+        return self.detectors(x).squeeze(-1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        targets = (y.unsqueeze(0) == self.classes.unsqueeze(1)).to(logits.dtype)
+        per_detector = F.binary_cross_entropy_with_logits(logits.float(), targets.float(), reduction="none").mean(dim=1)
+        return per_detector.sum()
+
+    def stacked_state(self) -> dict[str, Tensor]:
+        return self.detectors.stacked_state()

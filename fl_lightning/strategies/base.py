@@ -1,0 +1,74 @@
+"""A strategy says what the federated loop trains and how the server combines it.
+
+Flower's shape (configure / aggregate / evaluate), with the client side expressed as
+a picklable ``ClientTask`` that builds a LightningModule, so tasks can be sent to
+worker processes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fl_lightning.config import OptimizerConfig
+
+State = dict[str, Tensor]
+
+
+@dataclass
+class ClientTask:
+    """Everything a client needs for one local fit (sent to a worker as is)."""
+
+    client_id: int
+    kind: str  # "detectors" | "classifier"
+    params: State
+    classes: tuple[int, ...] = ()
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    stacking: str = "loop"
+
+
+@dataclass
+class ClientResult:
+    client_id: int
+    params: State
+    num_samples: int
+    classes: tuple[int, ...] = ()
+    train_loss: float = float("nan")
+    steps: int = 0
+
+
+class Strategy(ABC):
+    """Server-side logic of one algorithm, plugged into the single federated loop."""
+
+    #: a short name for logs and summaries
+    name: str = "strategy"
+
+    def setup(self, template: nn.Module, num_classes: int, optimizer: OptimizerConfig, stacking: str) -> None:
+        self.template, self.num_classes, self.optimizer, self.stacking = template, num_classes, optimizer, stacking
+
+    @abstractmethod
+    def initial_state(self, generator: torch.Generator) -> State:
+        """The global parameters before round 1."""
+
+    @abstractmethod
+    def configure_client(self, state: State, client_id: int, labels: np.ndarray) -> Optional[ClientTask]:
+        """What this client trains this round (None: nothing to train)."""
+
+    @abstractmethod
+    def aggregate(self, state: State, results: list[ClientResult]) -> tuple[State, dict[str, Any]]:
+        """New global state and aggregation facts to log."""
+
+    @abstractmethod
+    def predict_logits(self, state: State, x: Tensor) -> Tensor:
+        """Scores (batch, n_classes) of the global model; argmax is the prediction."""
+
+    def extra_metrics(self, state: State, x: Tensor, y: Tensor, scores: Tensor) -> dict[str, float]:
+        return {}
+
+    def state_num_bytes(self, state: State) -> int:
+        return sum(t.numel() * t.element_size() for t in state.values())

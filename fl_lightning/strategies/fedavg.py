@@ -1,0 +1,49 @@
+"""FedAvg (Algorithm 1 of the FedOVA paper; McMahan et al. 2017)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.func import functional_call
+
+from fl_lightning.aggregation import fedavg
+from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy
+
+
+class FedAvg(Strategy):
+    """One n-class model; the server averages the sampled clients' models.
+
+    Args:
+        weighted: weight clients by their sample counts (McMahan et al.) instead of
+            Algorithm 1's plain mean.
+    """
+
+    name = "fedavg"
+
+    def __init__(self, weighted: bool = False) -> None:
+        self.weighted = weighted
+
+    def initial_state(self, generator: torch.Generator) -> State:
+        with torch.random.fork_rng():
+            torch.manual_seed(int(torch.randint(2**31 - 1, (1,), generator=generator)))
+            model = copy.deepcopy(self.template)
+            for module in model.modules():
+                if hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def configure_client(self, state: State, client_id: int, labels: np.ndarray) -> Optional[ClientTask]:
+        if len(labels) == 0:
+            return None
+        return ClientTask(client_id, "classifier", {k: v.clone() for k, v in state.items()}, (), self.optimizer)
+
+    def aggregate(self, state: State, results: list[ClientResult]) -> tuple[State, dict[str, Any]]:
+        return fedavg([r.params for r in results], [r.num_samples for r in results], self.weighted), {}
+
+    def predict_logits(self, state: State, x: Tensor) -> Tensor:
+        template = self.template.to(x.device)
+        return functional_call(template, {k: v.to(x.device) for k, v in state.items()}, (x,))
