@@ -31,6 +31,8 @@ class DataConfig:
         check_integrity: verify torchvision's md5 sums; turn off for rebuilt copies such as
             the offline CIFAR-10 in shared/data, whose pickles differ from the originals.
         synthetic_size: training samples of the synthetic set (its test set is a quarter).
+        test_subset: evaluate on the first this many test samples only (0 = the whole test
+            set); for quick CPU smoke runs, never for reported results.
     """
 
     name: Literal["fashion_mnist", "mnist", "cifar10", "synthetic"] = "fashion_mnist"
@@ -40,6 +42,7 @@ class DataConfig:
     download: bool = False
     check_integrity: bool = True
     synthetic_size: int = 2000
+    test_subset: int = 0
 
 
 @dataclass

@@ -91,11 +91,15 @@ class Federation:
             return
         self._data = load_dataset(self.data_cfg)
         d = self._data
-        self.client_indices = partition_clients(d.train_y.numpy(), self.partition, self.seed)
-        self.partition_counts = partition_table(d.train_y.numpy(), self.client_indices, d.num_classes)
+        self.train_labels = d.train_y.numpy()
+        self.client_indices = partition_clients(self.train_labels, self.partition, self.seed)
+        self.partition_counts = partition_table(self.train_labels, self.client_indices, d.num_classes)
         num_outputs = 1 if isinstance(self.strategy, FedOVA) else d.num_classes
         self.template = build_architecture(self.model_cfg.architecture, d.in_channels, d.image_size, num_outputs)
         self.device = torch.device("cuda" if resolve_accelerator(self.trainer_cfg) == "gpu" else "cpu")
+        if self.device.type == "cuda":  # the whole data set fits; batches are then GPU-side gathers
+            d.train_x, d.train_y = d.train_x.to(self.device), d.train_y.to(self.device)
+            d.test_x, d.test_y = d.test_x.to(self.device), d.test_y.to(self.device)
         stacking = "vmap" if self.device.type == "cuda" else "loop"
         self.strategy.setup(self.template, d.num_classes, self.optimizer, stacking)
         init_gen = torch.Generator().manual_seed(self.seed)
@@ -153,7 +157,7 @@ class Federation:
         jobs = []
         for k in sampled:
             indices = self.client_indices[k]
-            task = self.strategy.configure_client(self.state, k, self._data.train_y.numpy()[indices])
+            task = self.strategy.configure_client(self.state, k, self.train_labels[indices])
             if task is not None:
                 jobs.append((task, indices))
         results = executor.run(jobs, round_index)

@@ -80,3 +80,13 @@ def test_client_batches_visit_every_local_sample_once_per_epoch():
     assert len(batches) == 4 and sorted(seen.tolist()) == list(range(10, 47))
     full = ClientBatches(x, y, indices, 0, torch.Generator().manual_seed(0))
     assert len(full) == 1 and next(iter(full))[0].shape[0] == 37
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_vmap_detectors_match_cpu_loop(setting):
+    _, stacked, _ = setting
+    x = torch.randn(64, 1, 28, 28)
+    template = FashionCNN(num_outputs=1)
+    cpu = StackedModel(template, stacked, mode="loop")(x)
+    gpu = StackedModel(template, stacked, mode="vmap").cuda()(x.cuda())
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-3, atol=1e-3)  # TF32 convolutions on the GPU

@@ -59,6 +59,6 @@ def test_partition_is_seeded_and_data_sharing_adds_one_common_subset():
     cfg = PartitionConfig(scheme="non_iid_l", num_clients=100, labels_per_client=2, share_fraction=0.1)
     a, b = partition_clients(labels, cfg, seed=3), partition_clients(labels, cfg, seed=3)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    shared = set(a[0][-60:].tolist())  # |D_s| = 0.1 * 600
-    assert len(shared) == 60 and all(shared <= set(c.tolist()) for c in a)
-    assert len(a[0]) == 600 + 60
+    shared = set(a[0][-6:].tolist())  # |D_k| = 6000 / 100 = 60, so |D_s| = 0.1 * 60
+    assert len(shared) == 6 and all(shared <= set(c.tolist()) for c in a)
+    assert len(a[0]) == 60 + 6

@@ -50,6 +50,15 @@ class DataNotFoundError(FileNotFoundError):
 
 
 def load_dataset(cfg: DataConfig) -> FederatedDataset:
+    if cfg.test_subset < 0:
+        raise ValueError(f"data.test_subset={cfg.test_subset} must be >= 0")
+    data = _load_whole(cfg)
+    if cfg.test_subset:
+        data.test_x, data.test_y = data.test_x[: cfg.test_subset], data.test_y[: cfg.test_subset]
+    return data
+
+
+def _load_whole(cfg: DataConfig) -> FederatedDataset:
     if cfg.name == "synthetic":
         return synthetic_dataset(cfg.synthetic_size)
     root = Path(cfg.root or default_data_root()).expanduser()
@@ -130,6 +139,13 @@ def _load_cifar10(cfg: DataConfig, root: Path):
     class UncheckedCIFAR10(CIFAR10):
         def _check_integrity(self) -> bool:  # rebuilt copies have other md5 sums
             return (Path(self.root) / self.base_folder / "data_batch_1").exists()
+
+        def _load_meta(self) -> None:  # torchvision md5-checks batches.meta here too
+            import pickle
+
+            with open(Path(self.root) / self.base_folder / self.meta["filename"], "rb") as f:
+                self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
+            self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
 
     cls = CIFAR10 if cfg.check_integrity else UncheckedCIFAR10
     for candidate in _candidate_roots(cfg, root):
