@@ -1,4 +1,4 @@
-"""W3 (FedAvg, Fashion-MNIST, non-IID-2, K=100, C=0.2, E=5, B=15, SGD lr 0.05) run through
+"""W3 (FedAvg, Fashion-MNIST, non-IID-2, K=100, C=0.2, E=5, B=15, SGD lr 0.1 as in configs/fedavg_fmnist.yaml) run through
 Flower's simulation engine, for comparison with bench/round_bench.py:
 
     .venv/bin/python bench/flower_bench.py --rounds 1 --out bench/results/flower_W3.json
@@ -247,7 +247,7 @@ def main() -> None:
     ap.add_argument("--client-fraction", type=float, default=0.2)
     ap.add_argument("--local-epochs", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=15)
-    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--total-cpus", type=int, default=os.cpu_count() or 1,
                     help="CPUs given to Ray (default: all cores)")

@@ -64,8 +64,10 @@ def main(argv: Optional[list[str]] = None) -> dict:
     )
     if command == "fit":
         summary = federation.fit(ckpt_path=sub_cfg.ckpt_path)
-        print(f"final accuracy (mean of last {summary['final_window']} evaluations): {summary['final_accuracy']:.4f}; "
-              f"last: {summary['last_accuracy']:.4f}; summary: {federation.run_dir}/summary.json")
+        if summary["final_accuracy"] is not None:
+            print(f"final accuracy (mean of last {summary['final_window']} evaluations): "
+                  f"{summary['final_accuracy']:.4f}; last: {summary['last_accuracy']:.4f}")
+        print(f"summary: {federation.run_dir}/summary.json")
         return summary
     if not sub_cfg.ckpt_path:
         parser.error(f"{command} needs --ckpt_path (a checkpoint written by fit)")

@@ -44,10 +44,31 @@ def resolve_precision(cfg: TrainerConfig) -> str:
     return "32-true"
 
 
+def skip_repeated_entry_point_scan() -> None:
+    """Every ``Trainer()`` scans all installed packages' entry points for callback
+    factories: ~14 ms, 80 % of its construction, paid again for every client fit. Scan
+    once; when no package provides such a factory, later Trainers skip the scan."""
+    from lightning.pytorch.trainer.connectors import callback_connector
+
+    original = callback_connector._load_external_callbacks
+    if getattr(original, "scanned_once", False):
+        return
+    group = "lightning.pytorch.callbacks_factory"
+    if original(group):
+        return  # factories are installed: keep Lightning's behaviour
+
+    def load_external_callbacks(name: str):
+        return [] if name == group else original(name)
+
+    load_external_callbacks.scanned_once = True
+    callback_connector._load_external_callbacks = load_external_callbacks
+
+
 def quiet_lightning() -> None:
     """Per-client Trainers would otherwise print device banners and tips every fit."""
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    skip_repeated_entry_point_scan()
     warnings.filterwarnings("ignore", module="lightning")
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 

@@ -161,6 +161,12 @@ class Federation:
             if task is not None:
                 jobs.append((task, indices))
         results = executor.run(jobs, round_index)
+        diverged = [r.client_id for r in results if not all(torch.isfinite(t).all() for t in r.params.values())]
+        if diverged:
+            raise FloatingPointError(
+                f"round {round_index}: clients {diverged} returned non-finite parameters (local training diverged); "
+                f"lower optimizer.lr (now {self.optimizer.lr})"
+            )
         self.state, facts = self.strategy.aggregate(self.state, results)
         metrics: dict[str, Any] = {
             "round": round_index,

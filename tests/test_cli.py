@@ -74,3 +74,8 @@ def test_resuming_with_other_settings_is_refused(tmp_path):
     with pytest.raises(ValueError, match="optimizer.lr"):
         main(["fit", *tiny_args(tmp_path / "c", "--federation.rounds", "2", "--optimizer.lr", "0.5",
                                 "--ckpt_path", str(tmp_path / "c" / "checkpoints" / "last.ckpt"))])
+
+
+def test_diverging_training_stops_with_the_learning_rate_named(tmp_path):
+    with pytest.raises(FloatingPointError, match="optimizer.lr"):
+        main(["fit", *tiny_args(tmp_path / "nan", "--federation.rounds", "2", "--optimizer.lr", "1e6")])

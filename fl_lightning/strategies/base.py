@@ -55,6 +55,20 @@ class Strategy(ABC):
     def initial_state(self, generator: torch.Generator) -> State:
         """The global parameters before round 1."""
 
+    def fresh_models(self, generator: torch.Generator, count: int) -> list[nn.Module]:
+        """``count`` independently initialised copies of the architecture, drawn from the
+        run's initialisation generator only (the global torch RNG is left as it was)."""
+        import copy
+
+        with torch.random.fork_rng():
+            torch.manual_seed(int(torch.randint(2**31 - 1, (1,), generator=generator)))
+            models = [copy.deepcopy(self.template) for _ in range(count)]
+            for model in models:
+                for module in model.modules():
+                    if hasattr(module, "reset_parameters"):
+                        module.reset_parameters()
+        return models
+
     @abstractmethod
     def configure_client(self, state: State, client_id: int, labels: np.ndarray) -> Optional[ClientTask]:
         """What this client trains this round (None: nothing to train)."""

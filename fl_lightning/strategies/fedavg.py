@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Optional
 
 import numpy as np
@@ -28,12 +27,7 @@ class FedAvg(Strategy):
         self.weighted = weighted
 
     def initial_state(self, generator: torch.Generator) -> State:
-        with torch.random.fork_rng():
-            torch.manual_seed(int(torch.randint(2**31 - 1, (1,), generator=generator)))
-            model = copy.deepcopy(self.template)
-            for module in model.modules():
-                if hasattr(module, "reset_parameters"):
-                    module.reset_parameters()
+        (model,) = self.fresh_models(generator, 1)
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     def configure_client(self, state: State, client_id: int, labels: np.ndarray) -> Optional[ClientTask]:

@@ -33,19 +33,7 @@ class FedOVA(Strategy):
         self.weighted = weighted
 
     def initial_state(self, generator: torch.Generator) -> State:
-        with torch.random.fork_rng():
-            torch.manual_seed(int(torch.randint(2**31 - 1, (1,), generator=generator)))
-            models = [self._fresh_detector() for _ in range(self.num_classes)]
-        return stack_models(models)
-
-    def _fresh_detector(self):
-        import copy
-
-        model = copy.deepcopy(self.template)
-        for module in model.modules():
-            if hasattr(module, "reset_parameters"):
-                module.reset_parameters()
-        return model
+        return stack_models(self.fresh_models(generator, self.num_classes))
 
     def configure_client(self, state: State, client_id: int, labels: np.ndarray) -> Optional[ClientTask]:
         classes = tuple(int(c) for c in np.unique(labels))
