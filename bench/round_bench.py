@@ -30,13 +30,13 @@ WORKLOADS = {
 }
 
 
-def cli_args(workload: str, rounds: int, run_dir: str) -> list[str]:
-    return ["fit", *WORKLOADS[workload], "--federation.rounds", str(rounds), "--federation.eval_every", "1",
+def cli_args(workload: str, rounds: int, run_dir: str, extra: list[str] = ()) -> list[str]:
+    return ["fit", *WORKLOADS[workload], *extra, "--federation.rounds", str(rounds), "--federation.eval_every", "1",
             "--federation.final_window", str(rounds), "--run.logger", "none", "--run.progress", "false",
             "--run.checkpoint_every", "0", "--run.dir", run_dir]
 
 
-def run_variant(variant: str, workload: str, rounds: int, run_dir: str) -> dict:
+def run_variant(variant: str, workload: str, rounds: int, run_dir: str, extra: list[str] = ()) -> dict:
     """Executed inside the subprocess."""
     import torch
 
@@ -44,7 +44,7 @@ def run_variant(variant: str, workload: str, rounds: int, run_dir: str) -> dict:
     from fl_lightning.federation import Federation
 
     parser = build_parser()
-    cfg = parser.parse_args(cli_args(workload, rounds, run_dir))
+    cfg = parser.parse_args(cli_args(workload, rounds, run_dir, extra if variant == "fl_lightning" else ()))
     init = parser.instantiate(cfg)["fit"]
     fed = Federation(**{n: init[n] for n in _GROUPS}, algorithm=init["algorithm"], seed=cfg.fit.seed, callbacks=[])
     fed.setup()  # data loading and partitioning are not part of the timed work
@@ -77,16 +77,19 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--variants", default="fl_lightning,plain")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--extra", default="", help="CLI overrides for the fl_lightning variant, e.g. "
+                    "'--trainer.precision bf16-mixed' (the plain loop stays in float32)")
     ap.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._child:
-        print(json.dumps(run_variant(args._child, args.workload, args.rounds, f"/tmp/flbench_{os.getpid()}")))
+        print(json.dumps(run_variant(args._child, args.workload, args.rounds, f"/tmp/flbench_{os.getpid()}",
+                                     args.extra.split())))
         return
     results = []
     for rep in range(args.repeats):
         for variant in args.variants.split(","):
             out = subprocess.run([sys.executable, __file__, "--workload", args.workload, "--rounds", str(args.rounds),
-                                  "--_child", variant], cwd=ROOT, capture_output=True, text=True, check=True,
+                                  "--_child", variant, "--extra", args.extra], cwd=ROOT, capture_output=True, text=True, check=True,
                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
             result = json.loads(out.stdout.strip().splitlines()[-1])
             result["repeat"] = rep
@@ -99,6 +102,7 @@ def main() -> None:
     summary = {
         "workload": args.workload,
         "command": " ".join(sys.argv),
+        "fl_lightning_overrides": args.extra,
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
         "median_wall_s": {v: sorted(t)[len(t) // 2] for v, t in by_variant.items()},
         "results": results,

@@ -20,9 +20,12 @@ class DataConfig:
     """Which data set, and where its files are.
 
     Attributes:
-        name: fashion_mnist | mnist | cifar10 | synthetic (small generated images, for tests).
+        name: fashion_mnist | mnist | cifar10 | synthetic (small generated images, for tests) |
+            speech_commands (Speech Commands, 10 keywords, 50x16 MFCC) | fsdd (Free Spoken Digit
+            Dataset, digits 0-9, 50x16 MFCC; the offline stand-in for keyword spotting).
         root: writable folder in torchvision's layout; defaults to $FL_LIGHTNING_DATA,
-            else ~/.cache/fl_lightning/data.
+            else ~/.cache/fl_lightning/data. Speech downloads land here, and the cached MFCC
+            features of both speech corpora under ``root/kws_features/``.
         offline_roots: read-only folders in torchvision's layout searched when ``root`` lacks
             the files (e.g. ../shared/data for MNIST and CIFAR-10).
         idx_gz_dir: a folder holding the original ``*-ubyte.gz`` files of an (F)MNIST set, such
@@ -33,9 +36,20 @@ class DataConfig:
         synthetic_size: training samples of the synthetic set (its test set is a quarter).
         test_subset: evaluate on the first this many test samples only (0 = the whole test
             set); for quick CPU smoke runs, never for reported results.
+        speech_commands_dir: a folder holding Speech Commands as ``<word>/<speaker>_nohash_<n>.wav``
+            (an extracted archive, or a subset such as ../shared/data/speech_commands_v0.01_subset).
+            Unset: torchaudio's layout ``<root or offline root>/SpeechCommands/<speech_commands_version>/``
+            is searched, and downloaded into ``root`` when ``download`` is true. Without
+            testing_list.txt the test split follows the data set's own hash rule (docs/kws.md).
+        speech_commands_version: speech_commands_v0.01 | speech_commands_v0.02, the archive
+            torchaudio's SPEECHCOMMANDS looks for or downloads.
+        fsdd_dir: the FSDD ``recordings/`` folder (``{digit}_{speaker}_{index}.wav``); unset:
+            ``fsdd/recordings`` under ``root`` and then each of ``offline_roots``.
+        mfcc_mels: mel bands the 16 MFCCs are taken from (speech corpora only; 50 frames x 16
+            coefficients per 1 s clip whatever its value). Changing it recomputes the cache.
     """
 
-    name: Literal["fashion_mnist", "mnist", "cifar10", "synthetic"] = "fashion_mnist"
+    name: Literal["fashion_mnist", "mnist", "cifar10", "synthetic", "speech_commands", "fsdd"] = "fashion_mnist"
     root: Optional[str] = None
     offline_roots: list[str] = field(default_factory=lambda: ["../shared/data"])
     idx_gz_dir: Optional[str] = None
@@ -43,6 +57,10 @@ class DataConfig:
     check_integrity: bool = True
     synthetic_size: int = 2000
     test_subset: int = 0
+    speech_commands_dir: Optional[str] = None
+    speech_commands_version: Literal["speech_commands_v0.01", "speech_commands_v0.02"] = "speech_commands_v0.01"
+    fsdd_dir: Optional[str] = None
+    mfcc_mels: int = 40
 
 
 @dataclass
@@ -71,9 +89,10 @@ class PartitionConfig:
 @dataclass
 class ModelConfig:
     """Attributes:
-    architecture: fashion_cnn (FedOVA's F-MNIST CNN) | vgg11 (CIFAR-10)."""
+    architecture: fashion_cnn (FedOVA's F-MNIST CNN) | vgg11 (CIFAR-10) | kws_cnn (FedOVA's
+        keyword-spotting CNN for 50x16 MFCC inputs)."""
 
-    architecture: Literal["fashion_cnn", "vgg11"] = "fashion_cnn"
+    architecture: Literal["fashion_cnn", "vgg11", "kws_cnn"] = "fashion_cnn"
 
 
 @dataclass

@@ -95,7 +95,7 @@ class Federation:
         self.client_indices = partition_clients(self.train_labels, self.partition, self.seed)
         self.partition_counts = partition_table(self.train_labels, self.client_indices, d.num_classes)
         num_outputs = 1 if isinstance(self.strategy, FedOVA) else d.num_classes
-        self.template = build_architecture(self.model_cfg.architecture, d.in_channels, d.image_size, num_outputs)
+        self.template = build_architecture(self.model_cfg.architecture, d.in_channels, d.input_size, num_outputs)
         self.device = torch.device("cuda" if resolve_accelerator(self.trainer_cfg) == "gpu" else "cpu")
         if self.device.type == "cuda":  # the whole data set fits; batches are then GPU-side gathers
             d.train_x, d.train_y = d.train_x.to(self.device), d.train_y.to(self.device)

@@ -1,7 +1,8 @@
 """Whole data sets as in-memory tensors (loaded once; clients are index views).
 
 The loading goes through torchvision's dataset classes, so online users get
-``download=True`` and everyone gets torchvision's folder layout.
+``download=True`` and everyone gets torchvision's folder layout. The speech corpora
+(speech_commands, fsdd) are MFCC tensors built by ``fl_lightning.data.speech``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ class FederatedDataset:
     def image_size(self) -> int:
         return self.train_x.shape[-1]
 
+    @property
+    def input_size(self) -> tuple[int, int]:
+        """(H, W) of one sample; (50, 16) frames x MFCCs for the speech corpora."""
+        return tuple(self.train_x.shape[-2:])
+
 
 class DataNotFoundError(FileNotFoundError):
     pass
@@ -62,6 +68,10 @@ def _load_whole(cfg: DataConfig) -> FederatedDataset:
     if cfg.name == "synthetic":
         return synthetic_dataset(cfg.synthetic_size)
     root = Path(cfg.root or default_data_root()).expanduser()
+    if cfg.name in ("speech_commands", "fsdd"):
+        from fl_lightning.data.speech import load_speech  # MFCC features, cached (docs/kws.md)
+
+        return load_speech(cfg, root)
     if cfg.name in ("fashion_mnist", "mnist"):
         train, test = _load_mnist_like(cfg, root)
     elif cfg.name == "cifar10":

@@ -68,10 +68,50 @@ class VGG11(nn.Module):
         return self.head(self.features(x))
 
 
-ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {"fashion_cnn": FashionCNN, "vgg11": VGG11}
+class KWSCNN(nn.Module):
+    """FedOVA's keyword-spotting CNN (Section IV-A) for (1, frames, coefficients) MFCC
+    inputs, 50 x 16 in the paper: three conv layers with 16, 32 and 64 channels, each
+    followed by 1x2 max pooling (along the coefficient axis only, so the 50 frames are
+    kept: 16 -> 8 -> 4 -> 2 coefficients) and ReLU, then a 256-unit fully connected layer
+    with ReLU, then the output layer.
+
+    The paper gives no kernel size; 3x3 with padding 1 (shape-preserving) is used. The
+    flattened features are 64 x 50 x 2 = 6400 for 50 x 16 inputs.
+    """
+
+    rectangular_inputs = True  # build_architecture passes (H, W)
+
+    def __init__(self, in_channels: int = 1, image_size: int | tuple[int, int] = (50, 16), num_outputs: int = 10) -> None:
+        super().__init__()
+        height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for out in (16, 32, 64):
+            layers += [nn.Conv2d(channels, out, kernel_size=3, padding=1), nn.MaxPool2d((1, 2)), nn.ReLU()]
+            channels, width = out, width // 2
+        if width < 1:
+            raise ValueError(f"KWSCNN needs at least 8 coefficients (input width), got {image_size}")
+        layers.append(nn.Flatten())
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Sequential(nn.Linear(64 * height * width, 256), nn.ReLU(), nn.Linear(256, num_outputs))
+
+    def forward(self, x):
+        return self.head(self.features(x))
 
 
-def build_architecture(name: str, in_channels: int, image_size: int, num_outputs: int) -> nn.Module:
+ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {"fashion_cnn": FashionCNN, "vgg11": VGG11, "kws_cnn": KWSCNN}
+
+
+def build_architecture(name: str, in_channels: int, image_size: int | tuple[int, int], num_outputs: int) -> nn.Module:
+    """``image_size``: the side of square inputs, or (H, W). Architectures for square
+    images (fashion_cnn, vgg11) get the side; those marked ``rectangular_inputs`` get (H, W)."""
     if name not in ARCHITECTURES:
         raise ValueError(f"model.architecture={name!r} is unknown; choose one of {sorted(ARCHITECTURES)}")
-    return ARCHITECTURES[name](in_channels=in_channels, image_size=image_size, num_outputs=num_outputs)
+    cls = ARCHITECTURES[name]
+    height, width = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    if getattr(cls, "rectangular_inputs", False):
+        return cls(in_channels=in_channels, image_size=(height, width), num_outputs=num_outputs)
+    if height != width:
+        raise ValueError(f"model.architecture={name!r} needs square inputs; the data are {height}x{width} "
+                         f"(speech corpora need model.architecture=kws_cnn)")
+    return cls(in_channels=in_channels, image_size=width, num_outputs=num_outputs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -14,7 +15,9 @@ class MultiClassClassifier(LocalLearner):
 
     def __init__(self, network: nn.Module, optimizer: OptimizerConfig) -> None:
         super().__init__(optimizer)
-        self.network = network
+        # NHWC, like the inputs (LocalLearner.on_after_batch_transfer): mixed layouts make
+        # oneDNN convert every activation back and forth.
+        self.network = network.to(memory_format=torch.channels_last)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)

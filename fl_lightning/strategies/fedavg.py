@@ -39,5 +39,5 @@ class FedAvg(Strategy):
         return fedavg([r.params for r in results], [r.num_samples for r in results], self.weighted), {}
 
     def predict_logits(self, state: State, x: Tensor) -> Tensor:
-        template = self.template.to(x.device)
+        template = self.template.to(device=x.device, memory_format=torch.channels_last)
         return functional_call(template, {k: v.to(x.device) for k, v in state.items()}, (x,))
