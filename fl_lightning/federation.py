@@ -25,7 +25,7 @@ from fl_lightning.strategies import FedOVA, Strategy
 EVAL_BATCH = 500
 # Settings that may differ between a checkpoint and the run resuming it.
 _RESUMABLE_CHANGES = {"federation.rounds", "run", "trainer", "data.root", "data.offline_roots", "data.idx_gz_dir",
-                      "data.download", "federation.eval_every", "ckpt_path"}
+                      "data.download", "data.speech_commands_dir", "data.fsdd_dir", "federation.eval_every", "ckpt_path"}
 
 
 def sample_clients(generator: torch.Generator, num_clients: int, fraction: float) -> list[int]:
