@@ -61,13 +61,11 @@ def run_variant(variant: str, workload: str, rounds: int, run_dir: str, extra: l
         steps = None
         threads = {"parent": torch.get_num_threads(), "workers": 0}
     wall = time.perf_counter() - start
-    sampled_samples = None
     peak_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     peak_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return {"variant": variant, "workload": workload, "rounds": rounds, "wall_s": wall, "steps": steps,
             "accuracy_per_round": accuracies, "final_accuracy": accuracies[-1], "threads": threads,
-            "peak_rss_mb": {"main": peak_self, "largest_worker": peak_child}, "device": "cpu",
-            "samples_per_round": sampled_samples}
+            "peak_rss_mb": {"main": peak_self, "largest_worker": peak_child}, "device": "cpu"}
 
 
 def main() -> None:
