@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from fl_lightning.config import FederationConfig, TrainerConfig
 from fl_lightning.data.batches import ClientBatches
-from fl_lightning.modules import BinaryDetector, MultiClassClassifier
+from fl_lightning.modules import BinaryDetector, MultiClassClassifier, OpenSetDetector
 from fl_lightning.strategies.base import ClientResult, ClientTask
 
 
@@ -76,12 +76,14 @@ def quiet_lightning() -> None:
 def build_module(task: ClientTask, template: nn.Module):
     if task.kind == "detectors":
         return BinaryDetector(template, task.classes, task.params, task.optimizer, stacking=task.stacking)
-    if task.kind == "classifier":
+    if task.kind in ("classifier", "open_set"):
         import copy
 
         network = copy.deepcopy(template)
         network.load_state_dict(task.params)
-        return MultiClassClassifier(network, task.optimizer)
+        if task.kind == "open_set":
+            return OpenSetDetector(network, task.num_classes, task.optimizer, task.open_set)
+        return MultiClassClassifier(network, task.optimizer, prox_mu=task.prox_mu)
     raise ValueError(f"unknown client task kind {task.kind!r}")
 
 

@@ -20,7 +20,7 @@ from fl_lightning.config import (DataConfig, FederationConfig, ModelConfig, Opti
                                  RunConfig, TrainerConfig)
 from fl_lightning.data import load_dataset, partition_clients, partition_table
 from fl_lightning.models import build_architecture
-from fl_lightning.strategies import FedOVA, Strategy
+from fl_lightning.strategies import ServerContext, Strategy
 
 EVAL_BATCH = 500
 # Settings that may differ between a checkpoint and the run resuming it.
@@ -94,14 +94,28 @@ class Federation:
         self.train_labels = d.train_y.numpy()
         self.client_indices = partition_clients(self.train_labels, self.partition, self.seed)
         self.partition_counts = partition_table(self.train_labels, self.client_indices, d.num_classes)
-        num_outputs = 1 if isinstance(self.strategy, FedOVA) else d.num_classes
-        self.template = build_architecture(self.model_cfg.architecture, d.in_channels, d.input_size, num_outputs)
+        if self.strategy.uses_public_data:
+            # FedDF/FedOV's protocol: the first half of the test set is unlabelled public
+            # data on the server; accuracy is measured on the second half.
+            half = len(d.test_x) // 2
+            self.public_x = d.test_x[:half]
+            d.test_x, d.test_y = d.test_x[half:], d.test_y[half:]
+        else:
+            self.public_x = None
+
+        def make_model(num_outputs: int):
+            return build_architecture(self.model_cfg.architecture, d.in_channels, d.input_size, num_outputs)
+
+        self.template = make_model(self.strategy.num_outputs(d.num_classes))
         self.device = torch.device("cuda" if resolve_accelerator(self.trainer_cfg) == "gpu" else "cpu")
         if self.device.type == "cuda":  # the whole data set fits; batches are then GPU-side gathers
             d.train_x, d.train_y = d.train_x.to(self.device), d.train_y.to(self.device)
             d.test_x, d.test_y = d.test_x.to(self.device), d.test_y.to(self.device)
         stacking = "vmap" if self.device.type == "cuda" else "loop"
-        self.strategy.setup(self.template, d.num_classes, self.optimizer, stacking)
+        public_x = None if self.public_x is None else self.public_x.to(self.device)
+        context = ServerContext(self.partition.num_clients, make_model, public_x,
+                                "gpu" if self.device.type == "cuda" else "cpu", self.seed)
+        self.strategy.setup(self.template, d.num_classes, self.optimizer, stacking, context)
         init_gen = torch.Generator().manual_seed(self.seed)
         self.state = self.strategy.initial_state(init_gen)
         self.sampler = torch.Generator().manual_seed(self.seed + 1)

@@ -99,7 +99,33 @@ class KWSCNN(nn.Module):
         return self.head(self.features(x))
 
 
-ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {"fashion_cnn": FashionCNN, "vgg11": VGG11, "kws_cnn": KWSCNN}
+class SimpleCNN(nn.Module):
+    """The "simple CNN" of FedAvg/NIID-Bench/FedOV (FedOV Appendix B.1): two 5x5 conv layers
+    (6 and 16 channels, no padding), each followed by ReLU and 2x2 max pooling, then fully
+    connected layers of 120 and 84 units with ReLU, then the output layer.
+
+    ``features`` ends after the 120-unit layer and ``head`` holds the rest: that is where
+    the FedOV reference code takes PROSER's embedding (``x_mid``) for manifold mixup.
+    """
+
+    def __init__(self, in_channels: int = 1, image_size: int = 28, num_outputs: int = 10) -> None:
+        super().__init__()
+        side = ((image_size - 4) // 2 - 4) // 2
+        if side < 1:
+            raise ValueError(f"SimpleCNN needs images of at least 12x12, got {image_size}")
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 6, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(16 * side * side, 120), nn.ReLU(),
+        )
+        self.head = nn.Sequential(nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, num_outputs))
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {"fashion_cnn": FashionCNN, "vgg11": VGG11, "kws_cnn": KWSCNN,
+                                                      "simple_cnn": SimpleCNN}
 
 
 def build_architecture(name: str, in_channels: int, image_size: int | tuple[int, int], num_outputs: int) -> nn.Module:

@@ -1,5 +1,9 @@
-from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy
+from fl_lightning.strategies.base import ClientResult, ClientTask, ServerContext, State, Strategy
 from fl_lightning.strategies.fedavg import FedAvg
+from fl_lightning.strategies.feddf import FedDF
 from fl_lightning.strategies.fedova import FedOVA
+from fl_lightning.strategies.fedprox import FedProx
+from fl_lightning.strategies.voting import CloseSetVoting, FedOV
 
-__all__ = ["ClientResult", "ClientTask", "FedAvg", "FedOVA", "State", "Strategy"]
+__all__ = ["ClientResult", "ClientTask", "CloseSetVoting", "FedAvg", "FedDF", "FedOV", "FedOVA", "FedProx",
+           "ServerContext", "State", "Strategy"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -25,11 +25,14 @@ class ClientTask:
     """Everything a client needs for one local fit (sent to a worker as is)."""
 
     client_id: int
-    kind: str  # "detectors" | "classifier"
+    kind: str  # "detectors" | "classifier" | "open_set"
     params: State
     classes: tuple[int, ...] = ()
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     stacking: str = "loop"
+    prox_mu: float = 0.0  # "classifier": FedProx's proximal term
+    open_set: Any = None  # "open_set": its OpenSetLoss
+    num_classes: int = 0  # "open_set": the index of "unknown"
 
 
 @dataclass
@@ -42,14 +45,37 @@ class ClientResult:
     steps: int = 0
 
 
+@dataclass
+class ServerContext:
+    """What a strategy may use on the server besides the global state.
+
+    ``make_model(num_outputs)`` builds the run's architecture with another output size (a
+    distillation student); ``public_x`` is unlabelled public data for strategies that
+    declare ``uses_public_data`` (the first half of the test set, as in FedDF and FedOV)."""
+
+    num_clients: int = 1
+    make_model: Optional[Callable[[int], nn.Module]] = None
+    public_x: Optional[Tensor] = None
+    accelerator: str = "cpu"
+    seed: int = 0
+
+
 class Strategy(ABC):
     """Server-side logic of one algorithm, plugged into the single federated loop."""
 
     #: a short name for logs and summaries
     name: str = "strategy"
+    #: evaluate on the second half of the test set, the first half being public data
+    uses_public_data: bool = False
 
-    def setup(self, template: nn.Module, num_classes: int, optimizer: OptimizerConfig, stacking: str) -> None:
+    def setup(self, template: nn.Module, num_classes: int, optimizer: OptimizerConfig, stacking: str,
+              context: Optional[ServerContext] = None) -> None:
         self.template, self.num_classes, self.optimizer, self.stacking = template, num_classes, optimizer, stacking
+        self.context = context or ServerContext()
+
+    def num_outputs(self, num_classes: int) -> int:
+        """Output size of the architecture the clients train."""
+        return num_classes
 
     @abstractmethod
     def initial_state(self, generator: torch.Generator) -> State:

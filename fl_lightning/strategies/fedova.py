@@ -32,6 +32,9 @@ class FedOVA(Strategy):
     def __init__(self, weighted: bool = False) -> None:
         self.weighted = weighted
 
+    def num_outputs(self, num_classes: int) -> int:
+        return 1  # one logit per binary detector
+
     def initial_state(self, generator: torch.Generator) -> State:
         return stack_models(self.fresh_models(generator, self.num_classes))
 

@@ -1,0 +1,168 @@
+import pytest
+import torch
+from torchvision.transforms.functional import gaussian_blur
+
+from fl_lightning.outliers import DESTRUCTION_OPS, destroy
+from fl_lightning.outliers import destruction as D
+
+SHAPES = [(16, 1, 28, 28), (8, 3, 32, 32), (8, 1, 20, 28)]
+OPS = {name: getattr(D, name) for name in DESTRUCTION_OPS} | {"destroy": destroy}
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def batch(shape, seed=0) -> torch.Tensor:
+    """Uniform in [-1, 1] (so erase's 0 lies inside the range); the 3-channel one is channels_last."""
+    x = torch.rand(shape, generator=gen(seed)) * 2 - 1
+    return x.contiguous(memory_format=torch.channels_last) if shape[1] == 3 else x
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", list(OPS))
+def test_every_op_changes_every_image_within_range_reproducibly(name, shape):
+    op, x = OPS[name], batch(shape)
+    before = x.clone()
+    out = op(x, gen(1))
+
+    assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
+    assert torch.equal(x, before)  # input untouched
+    assert (out != x).flatten(1).any(1).all()  # each image really changed
+    assert out.min() >= x.min() - 1e-6 and out.max() <= x.max() + 1e-6
+    assert torch.equal(op(x, gen(1)), out)
+    assert not torch.equal(op(x, gen(2)), out)
+
+
+def swap_halves(img, dim):
+    size = img.shape[dim]
+    half = size // 2
+    first, middle, last = img.split([half, size - 2 * half, half], dim)
+    return torch.cat([last, middle, first], dim)
+
+
+@pytest.mark.parametrize("shape", [(16, 1, 28, 28), (8, 2, 9, 11)])
+def test_swap_exchanges_the_two_halves_of_rows_or_columns(shape):
+    x = batch(shape)
+    out = D.swap(x, gen(1))
+    axes = []
+    for img, res in zip(x, out):
+        assert torch.equal(img.flatten().sort().values, res.flatten().sort().values)  # a permutation
+        axes += [dim for dim in (1, 2) if torch.equal(res, swap_halves(img, dim))]
+    assert len(axes) == len(x) and set(axes) == {1, 2}
+
+
+@pytest.mark.parametrize("shape", [(16, 1, 28, 28), (8, 1, 20, 28)])
+def test_copy_paste_copies_half_to_a_place_at_least_a_quarter_away_and_keeps_the_rest(shape):
+    x = batch(shape)
+    out = D.copy_paste(x, gen(1))
+    axes = set()
+    for img, res in zip(x, out):
+        matches = []
+        for dim in (1, 2):
+            half = img.shape[dim] // 2
+            for s in range(half):
+                for d in range(half):
+                    expected = img.clone()
+                    expected.narrow(dim, d, half).copy_(img.narrow(dim, s, half))
+                    if torch.equal(res, expected):
+                        matches.append((dim, s, d))
+        assert len(matches) == 1
+        dim, s, d = matches[0]
+        assert abs(s - d) >= img.shape[dim] // 2 / 2
+        axes.add(dim)
+    assert axes == {1, 2}
+
+
+@pytest.mark.parametrize("shape", [(16, 1, 28, 28), (8, 1, 20, 28), (8, 1, 28, 20)])
+def test_rotate_turns_two_side_squares_at_one_row_offset_by_the_same_quarter_turns(shape):
+    x = batch(shape)
+    out = D.rotate(x, gen(1))
+    _, _, H, W = shape
+    n = min(H, W) // 2
+    turns = set()
+    for img, res in zip(x, out):
+        assert torch.equal(img.flatten().sort().values, res.flatten().sort().values)  # a permutation
+        matches = []
+        for p in range(H - n + 1):
+            for k in (1, 2, 3):
+                expected = img.clone()
+                for c in (0, W - n):
+                    expected[:, p:p + n, c:c + n] = torch.rot90(img[:, p:p + n, c:c + n], k, (1, 2))
+                if torch.equal(res, expected):
+                    matches.append(k)
+        assert matches
+        turns.update(matches)
+    assert turns == {1, 2, 3}
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_erase_zeroes_one_box_of_a_third_to_a_half_and_keeps_the_rest(shape):
+    x = batch(shape)
+    out = D.erase(x, gen(1))
+    _, C, H, W = shape
+    zero = out == 0
+    assert torch.equal(zero, zero[:, :1].expand_as(zero))  # all channels alike
+    assert torch.equal(out[~zero], x[~zero])
+    slack = (0.5 * (H + W) + 0.25) / (H * W)  # rounding h and w to integers
+    for mask in zero[:, 0]:
+        rows, cols = mask.any(1).nonzero(), mask.any(0).nonzero()
+        assert mask[rows.min():rows.max() + 1, cols.min():cols.max() + 1].all()  # a box
+        assert 0.33 - slack <= mask.float().mean() <= 0.5 + slack
+
+
+def test_blur_matches_torchvision_gaussian_blur_per_image():
+    x = batch((3, 2, 20, 28))
+    kh, kw = torch.tensor([9, 1, 5]), torch.tensor([3, 7, 1])
+    sigma = torch.tensor([10.0, 50.0, 0.8])  # the small sigma makes the kernel's shape matter
+    out = D._gaussian_blur(x, kh, kw, sigma)
+    for b in range(3):
+        expected = gaussian_blur(x[b], [int(kw[b]), int(kh[b])], [float(sigma[b])] * 2)
+        torch.testing.assert_close(out[b], expected, atol=1e-5, rtol=0)
+
+
+def test_resized_crop_is_a_bilinear_zoom_on_a_box_of_a_tenth_to_a_third():
+    H, W = 28, 28
+    ramps = torch.stack(torch.meshgrid(torch.arange(H), torch.arange(W), indexing="ij")).float()
+    x = 1 + ramps.expand(256, 2, H, W)  # channel 0 = 1 + row index, channel 1 = 1 + column index
+    out = D.resized_crop(x, gen(1)) - 1
+    assert out.min() >= 0  # the image border is repeated, not padded with zeros
+    # A bilinear zoom of a ramp is a ramp, with slope crop size / image size (off the border).
+    h = out[:, 0, 1:-1, W // 2].diff(dim=1) * H
+    w = out[:, 1, H // 2, 1:-1].diff(dim=1) * W
+    torch.testing.assert_close(h, h[:, :1].expand_as(h), atol=1e-3, rtol=0)
+    torch.testing.assert_close(w, w[:, :1].expand_as(w), atol=1e-3, rtol=0)
+    h, w = h[:, 0], w[:, 0]
+    # Output pixel centre i samples the input at top + (i + 0.5) * h / H - 0.5.
+    top = out[:, 0, H // 2, W // 2] - (H // 2 + 0.5) * h / H + 0.5
+    left = out[:, 1, H // 2, W // 2] - (W // 2 + 0.5) * w / W + 0.5
+    eps = 1e-3
+    assert ((top >= -eps) & (top + h <= H + eps) & (left >= -eps) & (left + w <= W + eps)).all()
+    assert ((h * w / (H * W) >= 0.1 - eps) & (h * w / (H * W) <= 0.33 + eps)).all()
+    assert ((w / h >= 3 / 4 - eps) & (w / h <= 4 / 3 + eps)).all()
+
+
+def test_destroy_with_one_op_is_that_op():
+    x = batch((8, 3, 32, 32))
+    assert torch.equal(destroy(x, gen(5), ("erase",)), D.erase(x, gen(5)))
+
+
+def test_destroy_applies_the_chosen_op_to_each_image_and_chooses_every_op(monkeypatch):
+    for k, name in enumerate(DESTRUCTION_OPS):
+        monkeypatch.setitem(D._OPS, name, lambda x, g, v=float(k): torch.full_like(x, v))
+    out = destroy(batch((256, 1, 8, 8)), gen(3))
+    chosen = D._choose_ops(256, len(DESTRUCTION_OPS), gen(3))
+    assert torch.equal(out, chosen.float()[:, None, None, None].expand_as(out))
+    assert set(chosen.tolist()) == set(range(len(DESTRUCTION_OPS)))
+
+
+def test_unknown_op_is_rejected_by_name():
+    with pytest.raises(ValueError, match="bogus") as info:
+        destroy(batch((2, 1, 8, 8)), gen(0), ("swap", "bogus"))
+    assert "resized_crop" in str(info.value)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_gives_the_cpu_result():
+    x = batch((16, 3, 32, 32))
+    torch.testing.assert_close(destroy(x.cuda(), gen(4)).cpu(), destroy(x, gen(4)), atol=1e-5, rtol=0)

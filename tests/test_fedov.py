@@ -1,0 +1,193 @@
+"""FedOV: voting rules, the local open-set loss, FGSM enhancement, the one-shot strategies."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fl_lightning.cli import main
+from fl_lightning.config import OptimizerConfig
+from fl_lightning.distillation import DistillationConfig, distill
+from fl_lightning.models import SimpleCNN
+from fl_lightning.modules import MultiClassClassifier, OpenSetDetector, OpenSetLoss
+from fl_lightning.strategies import CloseSetVoting, FedOV, ServerContext
+from fl_lightning.strategies.base import ClientResult
+from fl_lightning.strategies.voting import close_set_vote, open_set_vote
+from callbacks.outliers import fgsm_away_from
+from tests.conftest import tiny_args
+
+# Three models, two samples, two known classes + unknown (hand-made softmax outputs).
+PROBS = torch.tensor([
+    [[0.6, 0.1, 0.3], [0.1, 0.1, 0.8]],
+    [[0.1, 0.2, 0.7], [0.2, 0.7, 0.1]],
+    [[0.05, 0.05, 0.9], [0.5, 0.3, 0.2]],
+])
+
+
+def test_open_set_vote_drops_unknown_and_sums_known_probabilities():
+    expected = torch.tensor([[0.75, 0.35], [0.8, 1.1]])
+    torch.testing.assert_close(open_set_vote(PROBS), expected)
+    assert open_set_vote(PROBS).argmax(1).tolist() == [0, 1]
+
+
+def test_top_k_vote_counts_only_the_k_members_least_sure_of_unknown():
+    # sample 0: unknown probs 0.3, 0.7, 0.9 -> top-1 is model 0, top-2 models 0 and 1
+    # sample 1: unknown probs 0.8, 0.1, 0.2 -> top-1 is model 1, top-2 models 1 and 2
+    torch.testing.assert_close(open_set_vote(PROBS, top_k=1), torch.tensor([[0.6, 0.1], [0.2, 0.7]]))
+    torch.testing.assert_close(open_set_vote(PROBS, top_k=2), torch.tensor([[0.7, 0.3], [0.7, 1.0]]))
+    torch.testing.assert_close(open_set_vote(PROBS, top_k=3), open_set_vote(PROBS))
+    with pytest.raises(ValueError, match="top_k"):
+        open_set_vote(PROBS, top_k=0)
+
+
+def test_close_set_vote_sums_every_member():
+    probs = PROBS[..., :2] / PROBS[..., :2].sum(-1, keepdim=True)
+    torch.testing.assert_close(close_set_vote(probs), probs[0] + probs[1] + probs[2])
+
+
+def _detector(loss: OpenSetLoss) -> OpenSetDetector:
+    torch.manual_seed(0)
+    return OpenSetDetector(SimpleCNN(1, 28, 11), 10, OptimizerConfig("adam", lr=1e-3), loss)
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(16, 1, 28, 28, generator=g)
+    y = torch.tensor([0, 1] * 8)
+    return x, y, torch.randn(16, 1, 28, 28, generator=g), torch.randn(16, 1, 28, 28, generator=g)
+
+
+@pytest.mark.parametrize("term,setting", [("dummy", "dummy_weight"), ("mixup", "mixup_weight"),
+                                          ("destroyed", "destruction_weight"), ("enhanced", "adversarial_weight")])
+def test_zeroing_a_loss_weight_removes_exactly_its_term(term, setting):
+    x, y, destroyed, enhanced = _batch()
+    full = OpenSetLoss(dummy_weight=0.3, mixup_weight=0.7, destruction_weight=0.5, adversarial_weight=2.0)
+    without = OpenSetLoss(**{**full.__dict__, setting: 0.0})
+
+    def loss_and_terms(cfg):
+        module = _detector(cfg)
+        module.outliers = {"destroyed": destroyed, "enhanced": enhanced}
+        torch.manual_seed(5)  # the mixup pairing and lambda
+        terms = module.loss_terms(x, y)
+        module.outliers = {"destroyed": destroyed, "enhanced": enhanced}
+        torch.manual_seed(5)
+        return module.training_step((x, y), 0), terms
+
+    total, terms = loss_and_terms(full)
+    reduced, _ = loss_and_terms(without)
+    assert set(terms) == {"ce", "dummy", "mixup", "destroyed", "enhanced"}
+    assert all(float(t) > 0 for t in terms.values())
+    torch.testing.assert_close(total, sum(full.weights()[k] * v for k, v in terms.items()))
+    torch.testing.assert_close(reduced, total - getattr(full, setting) * terms[term])
+
+
+def test_dummy_term_is_cross_entropy_to_unknown_with_the_true_class_masked():
+    module = _detector(OpenSetLoss())
+    x, y, _, _ = _batch()
+    logits = module.network(x).float()
+    masked = logits.clone()
+    masked[torch.arange(len(y)), y] = -1e9
+    expected = F.cross_entropy(masked, torch.full_like(y, 10))
+    torch.testing.assert_close(module.loss_terms(x, y, skip=frozenset({"mixup"}))["dummy"], expected)
+
+
+def test_mixup_skips_pairs_of_one_class():
+    module = _detector(OpenSetLoss())
+    x, _, _, _ = _batch()
+    assert "mixup" not in module.loss_terms(x, torch.zeros(16, dtype=torch.long))
+
+
+def test_fgsm_moves_outliers_towards_seen_classes():
+    module = _detector(OpenSetLoss())
+    _, _, outliers, _ = _batch()
+    before = module.network(outliers).softmax(1)
+    enhanced = fgsm_away_from(module.network, outliers, label=10, steps=5, step_size=0.05)
+    after = module.network(enhanced).softmax(1)
+    assert enhanced.shape == outliers.shape
+    assert (enhanced - outliers).abs().max() <= 5 * 0.05 + 1e-6
+    assert bool((after[:, 10] < before[:, 10]).all())  # less "unknown" for every outlier
+    assert float(after[:, :10].max(1).values.mean()) > float(before[:, :10].max(1).values.mean())
+    assert all(p.grad is None for p in module.network.parameters())
+
+
+def test_open_set_module_trains_its_configured_outliers():
+    from callbacks.outliers import AdversarialOutlierEnhancement, DataDestruction
+
+    types = lambda loss: [type(c) for c in _detector(loss).configure_callbacks()]
+    assert types(OpenSetLoss()) == [DataDestruction, AdversarialOutlierEnhancement]
+    assert types(OpenSetLoss(adversarial_weight=0)) == [DataDestruction]
+    assert types(OpenSetLoss(destruction_weight=0)) == [DataDestruction, AdversarialOutlierEnhancement]
+    assert types(OpenSetLoss(destruction_weight=0, adversarial_weight=0)) == []
+
+
+def test_ensemble_keeps_each_client_model_in_its_slot_and_only_trained_clients_vote():
+    strategy = CloseSetVoting()
+    strategy.setup(SimpleCNN(1, 28, 10), 10, OptimizerConfig(), "loop", ServerContext(num_clients=3))
+    state = strategy.initial_state(torch.Generator().manual_seed(0))
+    torch.manual_seed(3)
+    trained = SimpleCNN(1, 28, 10).state_dict()
+    new, facts = strategy.aggregate(state, [ClientResult(2, trained, 10)])
+    assert facts["voters"] == 1 and new["voters"].tolist() == [0.0, 0.0, 1.0]
+    for k, v in strategy.models(new).items():
+        assert torch.equal(v[2], trained[k]) and torch.equal(v[0], state[k][0])
+    x = torch.randn(4, 1, 28, 28)
+    only = SimpleCNN(1, 28, 10)
+    only.load_state_dict(trained)
+    torch.testing.assert_close(strategy.predict_logits(new, x), only(x).softmax(1), rtol=1e-5, atol=1e-6)
+
+
+def test_fedov_has_an_unknown_output_and_validates_its_settings():
+    assert FedOV().num_outputs(10) == 11 and CloseSetVoting().num_outputs(10) == 10
+    with pytest.raises(ValueError, match="destruction_ops"):
+        FedOV(destruction_ops=("erase", "melt"))
+
+
+def test_fedprox_loss_adds_the_proximal_term():
+    torch.manual_seed(0)
+    net = SimpleCNN(1, 28, 10)
+    module = MultiClassClassifier(net, OptimizerConfig(), prox_mu=0.5)
+    x, y, _, _ = _batch()
+    with torch.no_grad():
+        for p in module.network.parameters():
+            p.add_(0.01)
+    moved = sum(p.numel() for p in module.network.parameters()) * 0.01 ** 2
+    ce = F.cross_entropy(module.network(x), y)
+    torch.testing.assert_close(module.training_step((x, y), 0), ce + 0.25 * moved, rtol=1e-4, atol=1e-6)
+
+
+def test_distillation_moves_the_student_towards_the_teacher():
+    torch.manual_seed(0)
+    x = torch.randn(64, 1, 28, 28)
+    teacher = torch.softmax(torch.randn(64, 10) * 3, 1)
+    student = SimpleCNN(1, 28, 10)
+    kl = lambda net: float(F.kl_div(F.log_softmax(net(x), 1), teacher, reduction="batchmean"))
+    before = kl(student)
+    student.load_state_dict(distill(student, x, teacher, DistillationConfig(epochs=20, lr=3e-3, batch_size=32), seed=0))
+    assert kl(student) < 0.5 * before
+
+
+FEDOV_ARGS = ["--algorithm", "FedOV", "--model.architecture", "simple_cnn", "--partition.scheme", "num_labels",
+              "--partition.num_clients", "4", "--partition.labels_per_client", "1", "--federation.rounds", "1",
+              "--federation.client_fraction", "1.0", "--federation.local_epochs", "1", "--federation.batch_size", "32",
+              "--federation.final_window", "1", "--optimizer.name", "adam", "--optimizer.lr", "0.001"]
+
+
+def test_fedov_one_shot_run_end_to_end_and_from_its_checkpoint(tmp_path, capsys):
+    summary = main(["fit", *tiny_args(tmp_path / "run", *FEDOV_ARGS)])
+    last = summary["history"][-1]
+    assert last["voters"] == 4 and last["train/steps"] == 4 * int(np.ceil(60 / 32))
+    assert {f"test/topk_accuracy/{k}" for k in range(1, 5)} <= set(last)
+    assert last["test/topk_accuracy/4"] == pytest.approx(last["test/accuracy"])
+    metrics = main(["test", *tiny_args(tmp_path / "run", *FEDOV_ARGS), "--ckpt_path", str(tmp_path / "run" / "checkpoints" / "last.ckpt")])
+    assert metrics["test/accuracy"] == pytest.approx(last["test/accuracy"])
+
+
+def test_distilled_fedov_evaluates_on_the_second_half_of_the_test_set(tmp_path):
+    args = tiny_args(tmp_path / "run", *FEDOV_ARGS, "--algorithm.distill", "true", "--algorithm.distill_epochs", "1")
+    summary = main(["fit", *args])
+    last = summary["history"][-1]
+    assert 0 <= last["test/distilled_accuracy"] <= 1
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["history"][-1]["test/distilled_accuracy"] == last["test/distilled_accuracy"]
