@@ -18,6 +18,8 @@ def plain_federation(fed, rounds: int) -> list[float]:
     """Runs ``rounds`` rounds of fed's algorithm by hand on fed's data/partition/initial
     state; returns test accuracy per round."""
     fed.setup()
+    if fed.strategy.name == "fedov":
+        return [plain_fedov(fed)]
     d, f, opt_cfg = fed._data, fed.federation, fed.optimizer
     sampler = torch.Generator().manual_seed(fed.seed + 1)
     state = {k: v.clone() for k, v in fed.strategy.initial_state(torch.Generator().manual_seed(fed.seed)).items()}
@@ -71,4 +73,54 @@ def _accuracy(fed, state, one_vs_all: bool) -> float:
             model.load_state_dict(state)
             pred = model(x).argmax(1)
         correct += int((pred == d.test_y[start:start + 500]).sum())
+    return correct / len(d.test_x)
+
+
+def plain_fedov(fed) -> float:
+    """FedOV's one round written by hand (W4): every client, one after another, trains its
+    (n + 1)-way model with the same loss terms, batched destruction and FGSM as fl_lightning
+    (the same functions, so only the framework around them differs); then open-set voting."""
+    from callbacks.outliers import fgsm_away_from
+    from fl_lightning.outliers.destruction import destroy
+    from fl_lightning.strategies.voting import open_set_vote
+
+    fed.setup()
+    d, f, opt_cfg, s = fed._data, fed.federation, fed.optimizer, fed.strategy
+    unknown = d.num_classes
+    state = s.initial_state(torch.Generator().manual_seed(fed.seed))
+    models = []
+    for k in range(fed.partition.num_clients):
+        idx = torch.from_numpy(fed.client_indices[k])
+        model = copy.deepcopy(fed.template)
+        model.load_state_dict({n: v[k] for n, v in s.models(state).items()})
+        opt = torch.optim.Adam(model.parameters(), lr=opt_cfg.lr, weight_decay=opt_cfg.weight_decay)
+        torch.manual_seed(client_seed(fed.seed, 1, k))
+        gen = torch.Generator().manual_seed(client_seed(fed.seed, 1, k))
+        outlier_gen = torch.Generator().manual_seed(k)
+        for _ in range(f.local_epochs):
+            for x, y in ClientBatches(d.train_x, d.train_y, idx, f.batch_size, gen):
+                destroyed = destroy(x, outlier_gen)
+                enhanced = fgsm_away_from(model, destroyed, unknown, s.fgsm_steps, s.fgsm_step_size)
+                opt.zero_grad()
+                feats = model.features(torch.cat([x, destroyed, enhanced]))
+                real, out_d, out_e = model.head(feats).split(len(x))
+                target = torch.full_like(y, unknown)
+                loss = F.cross_entropy(real, y) + F.cross_entropy(out_d, target) + F.cross_entropy(out_e, target)
+                masked = real.masked_fill(F.one_hot(y, unknown + 1).bool(), float("-inf"))
+                loss = loss + s.dummy_weight * F.cross_entropy(masked, target)
+                pair = torch.randperm(len(y))
+                keep = y != y[pair]
+                if bool(keep.any()):
+                    lam = float(torch.distributions.Beta(1.0, 1.0).sample())
+                    mixed = lam * feats[: len(y)][keep] + (1 - lam) * feats[: len(y)][pair][keep]
+                    loss = loss + s.mixup_weight * F.cross_entropy(model.head(mixed), target[keep])
+                loss.backward()
+                opt.step()
+        models.append(model.eval())
+    correct = 0
+    with torch.inference_mode():
+        for start in range(0, len(d.test_x), 500):
+            x = d.test_x[start:start + 500]
+            probs = torch.stack([m(x).softmax(1) for m in models])
+            correct += int((open_set_vote(probs).argmax(1) == d.test_y[start:start + 500]).sum())
     return correct / len(d.test_x)

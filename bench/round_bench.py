@@ -6,7 +6,8 @@ the JSON records wall time, steps, samples/s, peak RSS, accuracy, threads and de
     .venv/bin/python bench/round_bench.py --workload W1 --rounds 1 --repeats 2
 
 Workloads: W1 FedOVA, non-IID-2, K=100, C=0.2, E=5, B=15; W2 the same with K=1000;
-W3 FedAvg in W1's setting. Variants: fl_lightning (its CLI entry point, configured as
+W3 FedAvg in W1's setting; W4 one FedOV local epoch (10 clients, #C=2, data destruction
+and FGSM) and the voting evaluation. Variants: fl_lightning (its CLI entry point, configured as
 shipped: 2 worker processes), plain (bench/plain_loop.py, torch's default threads).
 """
 
@@ -27,6 +28,9 @@ WORKLOADS = {
     "W1": ["--config", "configs/fedova_fmnist.yaml"],
     "W2": ["--config", "configs/fedova_fmnist.yaml", "--partition.num_clients", "1000"],
     "W3": ["--config", "configs/fedavg_fmnist.yaml"],
+    # FedOV, one local epoch of all 10 clients (#C=2) with data destruction and FGSM, then voting
+    "W4": ["--config", "configs/fedov_fmnist.yaml", "--partition.labels_per_client", "2",
+           "--federation.local_epochs", "1"],
 }
 
 

@@ -1,4 +1,5 @@
-"""Server-side averaging, as pure functions (testable against hand-computed means)."""
+"""Server-side averaging, as pure functions (testable against hand-computed means):
+FedAvg, FedOVA's grouped Eq. 5, FedNova's normalised averaging, SCAFFOLD's control variates."""
 
 from __future__ import annotations
 
@@ -49,3 +50,84 @@ def one_vs_all_groups(
         for name in new:
             new[name][c] = mean[name]
     return new, {c: len(m) for c, m in groups.items()}
+
+
+def fednova_norm(steps: int, momentum: float = 0.0) -> float:
+    """FedNova's a_i for tau_i local SGD steps (Wang et al. 2020; NIID-Bench): tau_i for
+    plain SGD; with momentum rho, (tau_i - rho (1 - rho^tau_i) / (1 - rho)) / (1 - rho), the
+    sum of the coefficients with which the tau_i gradients enter the local update."""
+    if not 0 <= momentum < 1:
+        raise ValueError(f"optimizer.momentum={momentum} must lie in [0, 1) for FedNova")
+    if steps < 1:
+        raise ValueError(f"FedNova needs at least one local step per client, got {steps}")
+    if momentum == 0:
+        return float(steps)
+    rho = momentum
+    return (steps - rho * (1 - rho**steps) / (1 - rho)) / (1 - rho)
+
+
+def fednova(
+    global_state: dict[str, Tensor],
+    states: Sequence[dict[str, Tensor]],
+    steps: Sequence[int],
+    num_samples: Sequence[int],
+    momentum: float = 0.0,
+    weighted: bool = True,
+) -> dict[str, Tensor]:
+    """FedNova's server update: d_i = (w - w_i) / a_i, tau_eff = sum_i p_i a_i,
+    w <- w - tau_eff * sum_i p_i d_i, with p_i = n_i / sum n (or 1/m unless ``weighted``).
+    Applied to every floating tensor (in float64, cast back), as NIID-Bench does; integer
+    buffers such as BatchNorm's step counter are averaged as FedAvg does."""
+    if not states:
+        raise ValueError("cannot aggregate zero states")
+    weights = [float(n) if weighted else 1.0 for n in num_samples]
+    total = sum(weights)
+    p = [w / total for w in weights]
+    a = [fednova_norm(t, momentum) for t in steps]
+    tau_eff = sum(pi * ai for pi, ai in zip(p, a))
+    out = {}
+    for name, ref in global_state.items():
+        if not ref.is_floating_point():
+            out[name] = weighted_mean([{name: s[name]} for s in states], weights)[name]
+            continue
+        w = ref.double()
+        direction = torch.zeros_like(w)
+        for state, pi, ai in zip(states, p, a):
+            direction += (w - state[name].double()) * (pi / ai)
+        out[name] = (w - tau_eff * direction).to(ref.dtype)
+    return out
+
+
+def scaffold_client_delta(
+    start: dict[str, Tensor], final: dict[str, Tensor], control: dict[str, Tensor], steps: int, lr: float,
+) -> dict[str, Tensor]:
+    """SCAFFOLD option II on a client (Karimireddy et al. 2020, Eq. 4):
+    c_i+ = c_i - c + (x - y_i) / (K eta), so delta c_i = c_i+ - c_i = (x - y_i) / (K eta) - c,
+    for every parameter named in ``control`` (x: the global model the client started from,
+    y_i: its model after K local steps of learning rate eta)."""
+    if steps < 1:
+        raise ValueError(f"SCAFFOLD needs at least one local step per client, got {steps}")
+    return {name: ((start[name].double() - final[name].double()) / (steps * lr) - c.double()).to(c.dtype)
+            for name, c in control.items()}
+
+
+def scaffold_controls(
+    control: dict[str, Tensor],
+    client_controls: dict[str, Tensor],
+    deltas: Sequence[tuple[int, dict[str, Tensor]]],
+    num_clients: int,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """SCAFFOLD's server update of the control variates (global learning rate 1):
+    c <- c + (1/N) sum_i delta c_i over the participating clients (N: all clients), and
+    c_i <- c_i + delta c_i = c_i+ for them. ``client_controls`` holds every client's c_i
+    stacked (N, ...); ``deltas`` are (client id, delta c_i)."""
+    new_c, new_ci = {}, {}
+    for name, c in control.items():
+        stacked = client_controls[name].double().clone()
+        total = torch.zeros_like(c, dtype=torch.float64)
+        for client_id, delta in deltas:
+            stacked[client_id] += delta[name].double()
+            total += delta[name].double()
+        new_c[name] = (c.double() + total / num_clients).to(c.dtype)
+        new_ci[name] = stacked.to(client_controls[name].dtype)
+    return new_c, new_ci

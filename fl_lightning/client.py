@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from fl_lightning.aggregation import scaffold_client_delta
 from fl_lightning.config import FederationConfig, TrainerConfig
 from fl_lightning.data.batches import ClientBatches
 from fl_lightning.modules import BinaryDetector, MultiClassClassifier, OpenSetDetector
@@ -83,12 +84,29 @@ def build_module(task: ClientTask, template: nn.Module):
         network.load_state_dict(task.params)
         if task.kind == "open_set":
             return OpenSetDetector(network, task.num_classes, task.optimizer, task.open_set)
-        return MultiClassClassifier(network, task.optimizer, prox_mu=task.prox_mu)
+        return MultiClassClassifier(network, task.optimizer, prox_mu=task.prox_mu, control=scaffold_correction(task))
     raise ValueError(f"unknown client task kind {task.kind!r}")
 
 
 def extract_params(task: ClientTask, module) -> dict[str, Tensor]:
     return module.stacked_state() if task.kind == "detectors" else module.flat_state()
+
+
+def scaffold_correction(task: ClientTask) -> Optional[dict[str, Tensor]]:
+    """SCAFFOLD: c - c_i, added to every local gradient (None for other algorithms)."""
+    if task.control is None:
+        return None
+    if task.client_control is None:
+        raise ValueError("a SCAFFOLD task needs both the server's and the client's control variates")
+    return {k: c - task.client_control[k] for k, c in task.control.items()}
+
+
+def extract_extras(task: ClientTask, params: dict[str, Tensor], steps: int) -> dict[str, Tensor]:
+    """What a client sends back besides its model: SCAFFOLD's delta c_i (option II), from
+    the model it started from, its final model and its K = ``steps`` local SGD steps."""
+    if task.control is None:
+        return {}
+    return scaffold_client_delta(task.params, params, task.control, steps, task.optimizer.lr)
 
 
 @dataclass
@@ -127,8 +145,9 @@ def train_client(ctx: ClientContext, task: ClientTask, indices: np.ndarray, roun
     )
     trainer.fit(module, train_dataloaders=batches)
     last_epoch = torch.stack(losses[-len(batches):]).mean().item() if losses else float("nan")
-    return ClientResult(task.client_id, extract_params(task, module), len(indices), task.classes,
-                        last_epoch, trainer.global_step)
+    params = extract_params(task, module)
+    return ClientResult(task.client_id, params, len(indices), task.classes, last_epoch, trainer.global_step,
+                        extract_extras(task, params, trainer.global_step))
 
 
 def _recording(step_fn, losses: list, keep: int):

@@ -20,7 +20,8 @@ class DataConfig:
     """Which data set, and where its files are.
 
     Attributes:
-        name: fashion_mnist | mnist | cifar10 | synthetic (small generated images, for tests) |
+        name: fashion_mnist | mnist | cifar10 | svhn (cropped digits; files in ``SVHN/`` under
+            ``root`` or an offline root) | synthetic (small generated images, for tests) |
             speech_commands (Speech Commands, 10 keywords, 50x16 MFCC) | fsdd (Free Spoken Digit
             Dataset, digits 0-9, 50x16 MFCC; the offline stand-in for keyword spotting).
         root: writable folder in torchvision's layout; defaults to $FL_LIGHTNING_DATA,
@@ -31,8 +32,8 @@ class DataConfig:
         idx_gz_dir: a folder holding the original ``*-ubyte.gz`` files of an (F)MNIST set, such
             as Debian's /usr/share/datasets/fashion-mnist; they are unpacked into ``root``.
         download: let torchvision download missing files (needs internet).
-        check_integrity: verify torchvision's md5 sums; turn off for rebuilt copies such as
-            the offline CIFAR-10 in shared/data, whose pickles differ from the originals.
+        check_integrity: verify torchvision's md5 sums (CIFAR-10, SVHN); turn off for rebuilt
+            copies such as the offline CIFAR-10 in shared/data, whose pickles differ from the originals.
         synthetic_size: training samples of the synthetic set (its test set is a quarter).
         test_subset: evaluate on the first this many test samples only (0 = the whole test
             set); for quick CPU smoke runs, never for reported results.
@@ -49,7 +50,7 @@ class DataConfig:
             coefficients per 1 s clip whatever its value). Changing it recomputes the cache.
     """
 
-    name: Literal["fashion_mnist", "mnist", "cifar10", "synthetic", "speech_commands", "fsdd"] = "fashion_mnist"
+    name: Literal["fashion_mnist", "mnist", "cifar10", "svhn", "synthetic", "speech_commands", "fsdd"] = "fashion_mnist"
     root: Optional[str] = None
     offline_roots: list[str] = field(default_factory=lambda: ["../shared/data"])
     idx_gz_dir: Optional[str] = None

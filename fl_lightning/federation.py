@@ -187,8 +187,9 @@ class Federation:
             "train/loss": float(np.mean([r.train_loss for r in results])) if results else float("nan"),
             "train/steps": int(sum(r.steps for r in results)),
             "clients": len(results),
-            "bytes/down": int(sum(_nbytes(t.params) for t, _ in jobs)),
-            "bytes/up": int(sum(_nbytes(r.params) for r in results)),
+            # SCAFFOLD also sends c down and delta c_i up (c_i itself stays with its client)
+            "bytes/down": int(sum(_nbytes(t.params) + _nbytes(t.control or {}) for t, _ in jobs)),
+            "bytes/up": int(sum(_nbytes(r.params) + _nbytes(r.extras) for r in results)),
             **facts,
         }
         metrics["time/train_s"] = time.perf_counter() - t0

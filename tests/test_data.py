@@ -68,3 +68,32 @@ def test_rebuilt_cifar_needs_integrity_check_off(tmp_path):
     data = load_dataset(DataConfig(name="cifar10", root=str(tmp_path / "x"), offline_roots=[str(tmp_path)],
                                    check_integrity=False))
     assert data.train_x.shape == (20, 3, 32, 32) and data.test_y.tolist() == [0, 1, 2, 3]
+
+
+def test_svhn_from_torchvision_mat_files(tmp_path):
+    from scipy.io import savemat
+
+    folder = tmp_path / "SVHN"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n in (("train", 6), ("test", 4)):
+        images = rng.integers(0, 256, size=(32, 32, 3, n), dtype=np.uint8)  # SVHN's (H, W, C, N)
+        labels = np.array([[10], [1], [2], [3], [9], [10]][:n], dtype=np.uint8)  # 10 is the digit 0
+        savemat(folder / f"{name}_32x32.mat", {"X": images, "y": labels})
+    checked = DataConfig(name="svhn", root=str(tmp_path / "x"), offline_roots=[str(tmp_path)])
+    with pytest.raises(DataNotFoundError, match="check_integrity=false"):
+        load_dataset(checked)  # not the original files: md5 differs
+
+    data = load_dataset(DataConfig(name="svhn", root=str(tmp_path / "x"), offline_roots=[str(tmp_path)],
+                                   check_integrity=False))
+    assert data.train_x.shape == (6, 3, 32, 32) and data.num_classes == 10
+    assert data.train_y.tolist() == [0, 1, 2, 3, 9, 0] and data.test_y.tolist() == [0, 1, 2, 3]
+    raw = torch.from_numpy(np.transpose(images, (3, 2, 0, 1)).copy()).float() / 255  # last written: test
+    mean = torch.tensor((0.4377, 0.4438, 0.4728)).view(1, 3, 1, 1)
+    std = torch.tensor((0.1980, 0.2010, 0.1970)).view(1, 3, 1, 1)
+    torch.testing.assert_close(data.test_x, (raw - mean) / std)
+
+
+def test_missing_svhn_names_the_folder(tmp_path):
+    with pytest.raises(DataNotFoundError, match="SVHN"):
+        load_dataset(DataConfig(name="svhn", root=str(tmp_path), offline_roots=[]))

@@ -22,6 +22,7 @@ _NORMALISATION = {
     "fashion_mnist": ((0.2860,), (0.3530,)),
     "mnist": ((0.1307,), (0.3081,)),
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "svhn": ((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
 }
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
@@ -76,6 +77,8 @@ def _load_whole(cfg: DataConfig) -> FederatedDataset:
         train, test = _load_mnist_like(cfg, root)
     elif cfg.name == "cifar10":
         train, test = _load_cifar10(cfg, root)
+    elif cfg.name == "svhn":
+        train, test = _load_svhn(cfg, root)
     else:  # pragma: no cover - the Literal type rejects it first
         raise ValueError(f"data.name={cfg.name!r} is unknown")
     mean, std = _NORMALISATION[cfg.name]
@@ -183,6 +186,42 @@ def _cifar_tensors(cls, root: Path, download: bool):
         return torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(), torch.tensor(ds.targets, dtype=torch.long)
 
     return to_tensor(train), to_tensor(test)
+
+
+def _load_svhn(cfg: DataConfig, root: Path):
+    """SVHN's cropped digits (73,257 train / 26,032 test; the 'extra' split is not used),
+    from torchvision's ``train_32x32.mat`` / ``test_32x32.mat`` in an ``SVHN/`` folder."""
+    from torchvision.datasets import SVHN
+
+    class UncheckedSVHN(SVHN):
+        def _check_integrity(self) -> bool:
+            return (Path(self.root) / self.filename).exists()
+
+    cls = SVHN if cfg.check_integrity else UncheckedSVHN
+    files = ("train_32x32.mat", "test_32x32.mat")
+    for candidate in _candidate_roots(cfg, root):
+        folder = candidate / "SVHN"
+        if all((folder / f).exists() for f in files):
+            try:
+                return _svhn_tensors(cls, folder, download=False)
+            except RuntimeError as err:
+                raise DataNotFoundError(f"svhn under {folder} failed torchvision's integrity check ({err}); "
+                                        f"a re-encoded copy needs data.check_integrity=false") from err
+    if cfg.download:
+        return _svhn_tensors(cls, root / "SVHN", download=True)
+    raise DataNotFoundError(
+        f"svhn: no {' and '.join(files)} under {[str(c / 'SVHN') for c in _candidate_roots(cfg, root)]}. "
+        f"Online: set data.download=true. Offline: put torchvision's SVHN files in an SVHN/ folder of data.root "
+        f"or of one of data.offline_roots."
+    )
+
+
+def _svhn_tensors(cls, folder: Path, download: bool):
+    def split(name: str):
+        ds = cls(str(folder), split=name, download=download)  # labels already 0-9 (torchvision maps 10 -> 0)
+        return torch.from_numpy(ds.data).contiguous(), torch.from_numpy(ds.labels).long()
+
+    return split("train"), split("test")
 
 
 def synthetic_dataset(train_size: int, num_classes: int = 10, image_size: int = 28, seed: int = 0) -> FederatedDataset:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -12,15 +14,27 @@ from fl_lightning.modules.learner import LocalLearner
 
 class MultiClassClassifier(LocalLearner):
     """Cross-entropy on all n classes (FedAvg's ClientUpdate, Algorithm 1); with
-    ``prox_mu`` > 0, FedProx's proximal term mu/2 ||w - w_start||^2 is added."""
+    ``prox_mu`` > 0, FedProx's proximal term mu/2 ||w - w_start||^2 is added.
 
-    def __init__(self, network: nn.Module, optimizer: OptimizerConfig, prox_mu: float = 0.0) -> None:
+    ``control`` (SCAFFOLD): c - c_i per parameter name; every optimizer step then uses the
+    corrected gradient g + c - c_i. It is added to ``.grad`` just before the step rather
+    than as a loss term <w, c - c_i> (whose gradient is the same): the correction is then
+    exact in any precision (no autocast, no loss scaling), costs no autograd graph, and
+    the recorded training loss stays the cross-entropy, comparable with FedAvg's."""
+
+    def __init__(self, network: nn.Module, optimizer: OptimizerConfig, prox_mu: float = 0.0,
+                 control: Optional[dict[str, Tensor]] = None) -> None:
         super().__init__(optimizer)
         # NHWC, like the inputs (LocalLearner.on_after_batch_transfer): mixed layouts make
         # oneDNN convert every activation back and forth.
         self.network = network.to(memory_format=torch.channels_last)
         self.prox_mu = prox_mu
         self._start = [p.detach().clone() for p in self.network.parameters()] if prox_mu > 0 else []
+        if control is not None:
+            names = {name for name, _ in self.network.named_parameters()}
+            if set(control) != names:
+                raise ValueError(f"control variates {sorted(set(control) ^ names)} do not match the parameters")
+        self.control = control
 
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
@@ -32,6 +46,22 @@ class MultiClassClassifier(LocalLearner):
             distance = sum(((p - p0.to(p.device)) ** 2).sum() for p, p0 in zip(self.network.parameters(), self._start))
             loss = loss + self.prox_mu / 2 * distance
         return loss
+
+    def on_fit_start(self) -> None:
+        if self.control is not None:  # once, not at every step
+            self.control = {k: v.to(self.device) for k, v in self.control.items()}
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # Lightning calls this after backward (and after unscaling with 16-mixed), just
+        # before optimizer.step(): SGD then steps along g + c - c_i.
+        if self.control is None:
+            return
+        for name, p in self.network.named_parameters():
+            correction = self.control[name].to(device=p.device, dtype=p.dtype)
+            if p.grad is None:
+                p.grad = correction.clone()
+            else:
+                p.grad.add_(correction)
 
     def flat_state(self) -> dict[str, Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.network.state_dict().items()}

@@ -31,6 +31,12 @@ class ClientTask:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     stacking: str = "loop"
     prox_mu: float = 0.0  # "classifier": FedProx's proximal term
+    # "classifier", SCAFFOLD: the server's control variate c, per parameter name (sent with
+    # the model, so counted in bytes/down) ...
+    control: Optional[State] = None
+    # ... and the client's own c_i: client state that the simulation keeps on the server
+    # between rounds (a real client keeps it), so it is not counted as communication.
+    client_control: Optional[State] = None
     open_set: Any = None  # "open_set": its OpenSetLoss
     num_classes: int = 0  # "open_set": the index of "unknown"
 
@@ -43,6 +49,8 @@ class ClientResult:
     classes: tuple[int, ...] = ()
     train_loss: float = float("nan")
     steps: int = 0
+    #: what a client returns besides its model, counted in bytes/up (SCAFFOLD: delta c_i)
+    extras: State = field(default_factory=dict)
 
 
 @dataclass

@@ -1,0 +1,209 @@
+"""FedNova and SCAFFOLD: the server maths against hand-computed numbers, SCAFFOLD's corrected
+client step, and multi-round runs through the CLI (resume, refused optimizers)."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fl_lightning.aggregation import fedavg, fednova, fednova_norm
+from fl_lightning.checkpoint import load_checkpoint, save_atomic
+from fl_lightning.cli import main
+from fl_lightning.client import ClientContext, train_client
+from fl_lightning.config import FederationConfig, OptimizerConfig, TrainerConfig
+from fl_lightning.federation import sample_clients
+from fl_lightning.strategies import SCAFFOLD, ClientResult, ClientTask, FedAvg, FedNova, ServerContext
+from tests.conftest import tiny_args
+
+# Global model w = [1, 2]; client A: w_A = [0, 1], tau = 2 steps, n = 1 sample;
+# client B: w_B = [3, 0], tau = 4 steps, n = 3 samples  ->  p = (1/4, 3/4).
+W = {"w": torch.tensor([1.0, 2.0])}
+W_A, W_B = {"w": torch.tensor([0.0, 1.0])}, {"w": torch.tensor([3.0, 0.0])}
+
+
+def test_fednova_plain_sgd_matches_hand_computed_update():
+    # a = tau = (2, 4); d_A = [1, 1] / 2 = [.5, .5]; d_B = [-2, 2] / 4 = [-.5, .5]
+    # tau_eff = 2/4 + 3*4/4 = 3.5; sum p d = [-.25, .5]; w - 3.5 * [-.25, .5] = [1.875, .25]
+    new = fednova(W, [W_A, W_B], steps=[2, 4], num_samples=[1, 3], momentum=0.0)
+    torch.testing.assert_close(new["w"], torch.tensor([1.875, 0.25]), rtol=0, atol=1e-6)
+
+
+def test_fednova_momentum_matches_hand_computed_update():
+    # rho = 0.5: a(2) = (2 - .5 (1 - .25) / .5) / .5 = 2.5 (the 1st gradient enters with
+    # 1 + rho, the 2nd with 1); a(4) = (4 - .5 (1 - .0625) / .5) / .5 = 6.125.
+    assert fednova_norm(2, 0.5) == pytest.approx(2.5)
+    assert fednova_norm(4, 0.5) == pytest.approx(6.125)
+    # tau_eff = 2.5/4 + 3 * 6.125/4 = 167/32; d_A = [1, 1] / 2.5; d_B = [-2, 2] / 6.125
+    # sum p d = [1/10 - 12/49, 1/10 + 12/49] = [-71/490, 169/490]
+    expected = torch.tensor([1 + 167 / 32 * 71 / 490, 2 - 167 / 32 * 169 / 490])
+    new = fednova(W, [W_A, W_B], steps=[2, 4], num_samples=[1, 3], momentum=0.5)
+    torch.testing.assert_close(new["w"], expected, rtol=0, atol=1e-6)
+
+
+def _setup(strategy, template, optimizer, num_clients=1):
+    strategy.setup(template, 3, optimizer, "loop", ServerContext(num_clients=num_clients))
+    return strategy
+
+
+def test_fednova_with_equal_steps_and_no_momentum_is_weighted_fedavg():
+    template = nn.Linear(4, 3)
+    g = torch.Generator().manual_seed(0)
+    state = {k: torch.randn(v.shape, generator=g) for k, v in template.state_dict().items()}
+    results = [ClientResult(i, {k: torch.randn(v.shape, generator=g) for k, v in state.items()}, n, steps=7)
+               for i, n in enumerate([2, 5, 11])]
+    sgd = OptimizerConfig("sgd", lr=0.1, momentum=0.0)
+    nova, facts = _setup(FedNova(), template, sgd).aggregate(state, results)
+    avg, _ = _setup(FedAvg(weighted=True), template, sgd).aggregate(state, results)
+    assert facts["fednova/tau_eff"] == pytest.approx(7)
+    for k in state:
+        torch.testing.assert_close(nova[k], avg[k], rtol=0, atol=1e-6)
+    # unequal steps: no longer FedAvg
+    results[0].steps = 1
+    nova, _ = _setup(FedNova(), template, sgd).aggregate(state, results)
+    assert not torch.allclose(nova["weight"], avg["weight"], atol=1e-3)
+
+
+# ---- SCAFFOLD ------------------------------------------------------------------------------
+
+def _one_step(control=None, client_control=None, lr=0.1):
+    """One local SGD step (8 samples, one full batch, one epoch) through train_client."""
+    torch.manual_seed(0)
+    template = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 4, generator=g), torch.arange(8) % 3
+    ctx = ClientContext(x, y, template, FederationConfig(local_epochs=1, batch_size=0),
+                        TrainerConfig(accelerator="cpu", precision="32-true"), seed=0)
+    params = {k: v.detach().clone() for k, v in template.state_dict().items()}
+    task = ClientTask(0, "classifier", {k: v.clone() for k, v in params.items()}, (),
+                      OptimizerConfig("sgd", lr=lr, momentum=0.0), control=control, client_control=client_control)
+    result = train_client(ctx, task, np.arange(8), round_index=1)
+    assert result.steps == 1
+    # the full-batch gradient at the start
+    net = copy.deepcopy(template)
+    F.cross_entropy(net(x), y).backward()
+    grad = {name: p.grad.detach().clone() for name, p in net.named_parameters()}
+    return params, result, grad
+
+
+def _controls(scale_c, scale_ci):
+    g = torch.Generator().manual_seed(2)
+    shapes = {"1.weight": (3, 4), "1.bias": (3,)}
+    c = {k: scale_c * torch.randn(s, generator=g) for k, s in shapes.items()}
+    ci = {k: scale_ci * torch.randn(s, generator=g) for k, s in shapes.items()}
+    return c, ci
+
+
+def test_scaffold_step_with_zero_controls_is_a_plain_sgd_step():
+    c, ci = _controls(0.0, 0.0)
+    _, plain, _ = _one_step()
+    _, corrected, _ = _one_step(c, ci)
+    assert plain.extras == {}
+    for k in plain.params:
+        assert torch.equal(plain.params[k], corrected.params[k])
+
+
+def test_scaffold_step_moves_along_the_corrected_gradient():
+    lr = 0.1
+    c, ci = _controls(1.0, 0.5)
+    start, result, grad = _one_step(c, ci, lr)
+    for k in grad:
+        # y = x - lr (g + c - c_i), up to float rounding of the batch's (shuffled) mean
+        torch.testing.assert_close(result.params[k], start[k] - lr * (grad[k] + c[k] - ci[k]), rtol=0, atol=1e-6)
+        # option II after K = 1 step: delta c_i = (x - y) / (K lr) - c = g - c_i
+        torch.testing.assert_close(result.extras[k], grad[k] - ci[k], rtol=0, atol=1e-5)
+
+
+def test_scaffold_server_updates_model_and_control_variates():
+    template = nn.Linear(2, 1)  # weight (1, 2), bias (1,)
+    strategy = _setup(SCAFFOLD(), template, OptimizerConfig("sgd", lr=0.1), num_clients=4)
+    state = {
+        "weight": torch.zeros(1, 2), "bias": torch.zeros(1),
+        "control_global/weight": torch.tensor([[0.5, -1.0]]), "control_global/bias": torch.tensor([0.5]),
+        "control/weight": torch.tensor([[[0.0, 0.0]], [[1.0, 1.0]], [[2.0, 2.0]], [[3.0, 3.0]]]),
+        "control/bias": torch.tensor([[0.0], [1.0], [2.0], [3.0]]),
+    }
+    assert set(strategy.initial_state(torch.Generator().manual_seed(0))) == set(state)
+    results = [
+        ClientResult(1, {"weight": torch.tensor([[1.0, 2.0]]), "bias": torch.tensor([1.0])}, 10,
+                     extras={"weight": torch.tensor([[2.0, 4.0]]), "bias": torch.tensor([2.0])}),
+        ClientResult(3, {"weight": torch.tensor([[3.0, 6.0]]), "bias": torch.tensor([3.0])}, 30,
+                     extras={"weight": torch.tensor([[-1.0, 0.0]]), "bias": torch.tensor([-1.0])}),
+    ]
+    new, _ = strategy.aggregate(state, results)
+    # x <- plain mean of the y_i (weighted=False)
+    torch.testing.assert_close(new["weight"], torch.tensor([[2.0, 4.0]]))
+    torch.testing.assert_close(new["bias"], torch.tensor([2.0]))
+    # c <- c + (delta c_1 + delta c_3) / N, N = 4 clients (not the 2 sampled)
+    torch.testing.assert_close(new["control_global/weight"], torch.tensor([[0.5 + 1 / 4, -1.0 + 4 / 4]]))
+    torch.testing.assert_close(new["control_global/bias"], torch.tensor([0.75]))
+    # c_i <- c_i + delta c_i for the participants, unchanged for the others
+    torch.testing.assert_close(new["control/weight"],
+                               torch.tensor([[[0.0, 0.0]], [[3.0, 5.0]], [[2.0, 2.0]], [[2.0, 3.0]]]))
+    torch.testing.assert_close(new["control/bias"], torch.tensor([[0.0], [3.0], [2.0], [2.0]]))
+    # the clients get c and their own c_i
+    task = strategy.configure_client(new, 1, np.array([0, 1]))
+    assert set(task.params) == {"weight", "bias"}
+    torch.testing.assert_close(task.control["bias"], torch.tensor([0.75]))
+    torch.testing.assert_close(task.client_control["weight"], torch.tensor([[3.0, 5.0]]))
+
+
+def _history(summary, key):
+    return [m[key] for m in summary["history"]]
+
+
+def test_scaffold_resumed_run_equals_uninterrupted_run(tmp_path):
+    # lr 0.01 as NIID-Bench (tiny_args' 0.05 makes SCAFFOLD's first corrected steps blow up)
+    scaffold = ("--algorithm", "SCAFFOLD", "--optimizer.name", "sgd", "--optimizer.momentum", "0.0",
+                "--optimizer.lr", "0.01")
+    straight = main(["fit", *tiny_args(tmp_path / "a", "--federation.rounds", "2", *scaffold)])
+    main(["fit", *tiny_args(tmp_path / "b", "--federation.rounds", "1", *scaffold)])
+    round_one = tmp_path / "b" / "checkpoints" / "last.ckpt"
+    resumed = main(["fit", *tiny_args(tmp_path / "c", "--federation.rounds", "2", *scaffold,
+                                      "--ckpt_path", str(round_one))])
+
+    assert _history(resumed, "test/accuracy") == _history(straight, "test/accuracy")
+    assert _history(resumed, "train/loss") == _history(straight, "train/loss")
+    a, b = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.ckpt"), load_checkpoint(tmp_path / "c" / "checkpoints" / "last.ckpt")
+    assert set(a["state"]) == set(b["state"])
+    assert all(torch.equal(a["state"][k], b["state"][k]) for k in a["state"])
+
+    # The equality means something: a client of round 1 trains again in round 2 with its
+    # own (nonzero) c_i from the checkpoint, and zeroing those c_i changes round 2.
+    sampler = torch.Generator().manual_seed(1)  # the federation's sampler (seed + 1)
+    first, second = sample_clients(sampler, 10, 0.3), sample_clients(sampler, 10, 0.3)
+    assert set(first) & set(second)
+    ckpt = load_checkpoint(round_one)
+    assert ckpt["round"] == 1
+    controls = [k for k in ckpt["state"] if k.startswith("control/")]
+    assert controls and all(ckpt["state"][k][first].abs().sum() > 0 for k in controls)
+    for k in controls:
+        ckpt["state"][k].zero_()
+    save_atomic(ckpt, tmp_path / "zeroed.ckpt")
+    zeroed = main(["fit", *tiny_args(tmp_path / "z", "--federation.rounds", "2", *scaffold,
+                                     "--ckpt_path", str(tmp_path / "zeroed.ckpt"))])
+    assert _history(zeroed, "train/loss")[1] != _history(straight, "train/loss")[1]
+
+    # SCAFFOLD's doubled communication: c down and delta c_i up with each model
+    model_bytes = sum(v.numel() * v.element_size() for k, v in a["state"].items() if not k.startswith("control"))
+    assert _history(straight, "bytes/down") == _history(straight, "bytes/up") == [2 * 3 * model_bytes] * 2
+
+
+def test_fednova_runs_several_rounds_and_reduces_to_fedavg_when_clients_are_alike(tmp_path):
+    sgd = ("--optimizer.name", "sgd", "--optimizer.momentum", "0.9", "--optimizer.lr", "0.01")
+    nova = main(["fit", *tiny_args(tmp_path / "nova", "--federation.rounds", "2", "--algorithm", "FedNova", *sgd)])
+    assert nova["algorithm"] == "fednova" and nova["rounds"] == 2
+    # every client: 60 samples, 2 epochs x 6 batches of 10 = 12 steps, so
+    # a = (12 - .9 (1 - .9^12) / .1) / .1 for all, and FedNova's update is FedAvg's
+    assert _history(nova, "fednova/tau_eff") == pytest.approx([fednova_norm(12, 0.9)] * 2)
+    avg = main(["fit", *tiny_args(tmp_path / "avg", "--federation.rounds", "2", "--algorithm", "FedAvg", *sgd)])
+    assert _history(nova, "train/loss") == pytest.approx(_history(avg, "train/loss"), rel=1e-4)
+
+
+@pytest.mark.parametrize("algorithm", ["FedNova", "SCAFFOLD"])
+def test_baselines_refuse_optimizers_other_than_sgd(tmp_path, algorithm):
+    with pytest.raises(ValueError, match="optimizer.name"):
+        main(["fit", *tiny_args(tmp_path / algorithm, "--federation.rounds", "1", "--algorithm", algorithm,
+                                "--optimizer.name", "adam")])
