@@ -1,5 +1,6 @@
 """``python -m fl_lightning fit|validate|test --config FILE`` (LightningCLI conventions:
-``--print_config``, dotted overrides such as ``--federation.rounds 3``, typed settings)."""
+``--print_config``, dotted overrides such as ``--federation.rounds 3``, typed settings), plus
+``sweep SWEEP_FILE`` (fl_lightning/sweep.py) and ``report RUN_DIR...`` (fl_lightning/report.py)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ def _subcommand_parser(description: str) -> ArgumentParser:
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="fl_lightning", description="Federated learning with one-vs-all and open-set detectors")
+    parser = ArgumentParser(prog="fl_lightning", description="Federated learning with one-vs-all and open-set detectors",
+                            epilog="Also: `fl_lightning sweep SWEEP_FILE ...` runs a W&B grid sweep file offline and "
+                                   "`fl_lightning report RUN_DIR ...` tabulates and plots runs (each with --help).")
     subcommands = parser.add_subcommands(dest="subcommand")
     subcommands.add_subcommand("fit", _subcommand_parser("Train a federation (resume with --ckpt_path)"))
     subcommands.add_subcommand("validate", _subcommand_parser("Evaluate a saved federation on the training set"))
@@ -45,11 +48,22 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def main(argv: Optional[list[str]] = None) -> dict:
+def main(argv: Optional[list[str]] = None):
+    """fit: the summary dict; validate/test: the metrics dict; sweep: the list of
+    ``sweep.Configuration``; report: ``report.Report``."""
+    argv = list(argv if argv is not None else sys.argv[1:])
+    if argv and argv[0] == "sweep":  # own small parsers: they pass unknown arguments on to fit
+        from fl_lightning import sweep
+
+        return sweep.main(argv[1:])
+    if argv and argv[0] == "report":
+        from fl_lightning import report
+
+        return report.main(argv[1:])
     from fl_lightning.federation import Federation
 
     parser = build_parser()
-    cfg = parser.parse_args(argv if argv is not None else sys.argv[1:])
+    cfg = parser.parse_args(argv)
     command = cfg.subcommand
     sub_cfg = cfg[command]
     resolved = parser.dump(cfg, skip_none=False, format="json_indented")
@@ -78,3 +92,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
     metrics = federation.evaluate("test" if command == "test" else "train")
     print(json.dumps({"round": federation.round, **metrics}, indent=1))
     return metrics
+
+
+def entry_point() -> None:
+    """The ``fl-lightning`` console script: ``main`` returns results for Python callers, which
+    ``sys.exit`` would print and turn into exit status 1."""
+    main()
