@@ -34,7 +34,7 @@ def bare_step_seconds(batch: int = 15, steps: int = 600) -> float:
     torch.manual_seed(0)
     model = FashionCNN(1, 28, 10).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    xs = torch.randn(steps, batch, 1, 28, 28).contiguous(memory_format=torch.channels_last)
+    xs = [torch.randn(batch, 1, 28, 28).contiguous(memory_format=torch.channels_last) for _ in range(steps)]
     ys = torch.randint(0, 10, (steps, batch))
 
     def run(n):

@@ -11,3 +11,15 @@ for alg in fednova scaffold; do
   .venv/bin/python -m fl_lightning fit --config configs/${alg}_oneshot_fmnist.yaml $C2 --federation.local_epochs $E \
     --run.dir $OUT/$name > $OUT/$name.log 2>&1 || echo "FAILED $name" >> $OUT/failed.txt
 done
+# Table 3's setting (Dir(0.5)): Distilled FedOV beside FedDF, FedAvg and FedProx (mu 0.01).
+D05="--partition.scheme dirichlet --partition.dirichlet_beta 0.5"
+run_d05() {  # name config extra...
+  local name=$1 config=$2; shift 2
+  [ -f $OUT/$name/summary.json ] && return
+  .venv/bin/python -m fl_lightning fit --config $config $D05 --federation.local_epochs $E \
+    --run.dir $OUT/$name "$@" > $OUT/$name.log 2>&1 || echo "FAILED $name" >> $OUT/failed.txt
+}
+run_d05 fmnist_D05_fedov_distilled configs/fedov_fmnist.yaml --algorithm.distill true
+run_d05 fmnist_D05_feddf configs/feddf_oneshot_fmnist.yaml
+run_d05 fmnist_D05_fedavg configs/fedavg_oneshot_fmnist.yaml
+run_d05 fmnist_D05_fedprox_mu0.01 configs/fedprox_oneshot_fmnist.yaml

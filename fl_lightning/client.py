@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from fl_lightning.aggregation import scaffold_client_delta
 from fl_lightning.config import FederationConfig, TrainerConfig
 from fl_lightning.data.batches import ClientBatches
-from fl_lightning.modules import BinaryDetector, MultiClassClassifier, OpenSetDetector
+from fl_lightning.modules import BinaryDetector, CurvatureProbe, MultiClassClassifier, OpenSetDetector
 from fl_lightning.strategies.base import ClientResult, ClientTask
 
 
@@ -77,6 +77,8 @@ def quiet_lightning() -> None:
 def build_module(task: ClientTask, template: nn.Module):
     if task.kind == "detectors":
         return BinaryDetector(template, task.classes, task.params, task.optimizer, stacking=task.stacking)
+    if task.kind == "curvature":  # FIM-L-BFGS's ClientUpdate, FedDANE's gradient phase: no training
+        return CurvatureProbe.from_state(template, task.params, task.classes, fisher=task.fisher)
     if task.kind in ("classifier", "open_set"):
         import copy
 
@@ -84,11 +86,19 @@ def build_module(task: ClientTask, template: nn.Module):
         network.load_state_dict(task.params)
         if task.kind == "open_set":
             return OpenSetDetector(network, task.num_classes, task.optimizer, task.open_set)
-        return MultiClassClassifier(network, task.optimizer, prox_mu=task.prox_mu, control=scaffold_correction(task))
+        return MultiClassClassifier(network, task.optimizer, prox_mu=task.prox_mu, control=scaffold_correction(task),
+                                    linear=feddane_correction(task))
     raise ValueError(f"unknown client task kind {task.kind!r}")
 
 
+def local_epochs(task: ClientTask, federation: FederationConfig) -> int:
+    """E, except for probes: they make one pass however many local epochs a run sets."""
+    return 1 if task.kind == "curvature" else federation.local_epochs
+
+
 def extract_params(task: ClientTask, module) -> dict[str, Tensor]:
+    if task.kind == "curvature":
+        return module.gradient()  # what a probe sends back in place of a model
     return module.stacked_state() if task.kind == "detectors" else module.flat_state()
 
 
@@ -101,9 +111,21 @@ def scaffold_correction(task: ClientTask) -> Optional[dict[str, Tensor]]:
     return {k: c - task.client_control[k] for k, c in task.control.items()}
 
 
-def extract_extras(task: ClientTask, params: dict[str, Tensor], steps: int) -> dict[str, Tensor]:
+def feddane_correction(task: ClientTask) -> Optional[dict[str, Tensor]]:
+    """FedDANE: grad f(w_t) - grad F_k(w_t), the linear term's coefficient (None for other algorithms)."""
+    if task.global_gradient is None:
+        return None
+    if task.local_gradient is None:
+        raise ValueError("a FedDANE task needs both the global and the client's own gradient")
+    return {k: g - task.local_gradient[k] for k, g in task.global_gradient.items()}
+
+
+def extract_extras(task: ClientTask, module, params: dict[str, Tensor], steps: int) -> dict[str, Tensor]:
     """What a client sends back besides its model: SCAFFOLD's delta c_i (option II), from
-    the model it started from, its final model and its K = ``steps`` local SGD steps."""
+    the model it started from, its final model and its K = ``steps`` local SGD steps; a
+    probe's diagonal Fisher when asked for."""
+    if task.kind == "curvature":
+        return module.diagonal_fisher() if task.fisher else {}
     if task.control is None:
         return {}
     return scaffold_client_delta(task.params, params, task.control, steps, task.optimizer.lr)
@@ -132,7 +154,7 @@ def train_client(ctx: ClientContext, task: ClientTask, indices: np.ndarray, roun
     losses: list[Tensor] = []
     module.training_step = _recording(module.training_step, losses, len(batches))
     trainer = Trainer(
-        max_epochs=ctx.federation.local_epochs,
+        max_epochs=local_epochs(task, ctx.federation),
         accelerator=resolve_accelerator(ctx.trainer),
         devices=1,
         precision=resolve_precision(ctx.trainer),
@@ -147,7 +169,7 @@ def train_client(ctx: ClientContext, task: ClientTask, indices: np.ndarray, roun
     last_epoch = torch.stack(losses[-len(batches):]).mean().item() if losses else float("nan")
     params = extract_params(task, module)
     return ClientResult(task.client_id, params, len(indices), task.classes, last_epoch, trainer.global_step,
-                        extract_extras(task, params, trainer.global_step))
+                        extract_extras(task, module, params, trainer.global_step))
 
 
 def _recording(step_fn, losses: list, keep: int):

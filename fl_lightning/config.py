@@ -92,9 +92,10 @@ class ModelConfig:
     """Attributes:
     architecture: fashion_cnn (FedOVA's F-MNIST CNN) | vgg11 (CIFAR-10) | kws_cnn (FedOVA's
         keyword-spotting CNN for 50x16 MFCC inputs) | simple_cnn (the 5-layer CNN of FedAvg,
-        NIID-Bench and FedOV)."""
+        NIID-Bench and FedOV) | logistic (flatten + linear: logistic regression, the convex
+        sanity check of FIM-L-BFGS)."""
 
-    architecture: Literal["fashion_cnn", "vgg11", "kws_cnn", "simple_cnn"] = "fashion_cnn"
+    architecture: Literal["fashion_cnn", "vgg11", "kws_cnn", "simple_cnn", "logistic"] = "fashion_cnn"
 
 
 @dataclass

@@ -168,6 +168,16 @@ class Federation:
     def run_round(self, round_index: int, executor: ClientExecutor) -> dict[str, Any]:
         t0 = time.perf_counter()
         sampled = sample_clients(self.sampler, self.partition.num_clients, self.federation.client_fraction)
+        bytes_down = bytes_up = 0
+        # Optional first phase (FedDANE's global gradient), same clients, same executor.
+        first = self.strategy.gradient_phase(self.state, [k for k in sampled if len(self.client_indices[k])])
+        if first is not None:
+            first_jobs = [(task, self.client_indices[task.client_id]) for task in first]
+            first_results = executor.run(first_jobs, round_index)
+            self._check_finite(first_results, round_index)
+            self.strategy.receive_gradients(first_results)
+            bytes_down += sum(t.sent_bytes() for t, _ in first_jobs)
+            bytes_up += sum(r.sent_bytes() for r in first_results)
         jobs = []
         for k in sampled:
             indices = self.client_indices[k]
@@ -175,21 +185,17 @@ class Federation:
             if task is not None:
                 jobs.append((task, indices))
         results = executor.run(jobs, round_index)
-        diverged = [r.client_id for r in results if not all(torch.isfinite(t).all() for t in r.params.values())]
-        if diverged:
-            raise FloatingPointError(
-                f"round {round_index}: clients {diverged} returned non-finite parameters (local training diverged); "
-                f"lower optimizer.lr (now {self.optimizer.lr})"
-            )
+        self._check_finite(results, round_index)
         self.state, facts = self.strategy.aggregate(self.state, results)
         metrics: dict[str, Any] = {
             "round": round_index,
             "train/loss": float(np.mean([r.train_loss for r in results])) if results else float("nan"),
             "train/steps": int(sum(r.steps for r in results)),
             "clients": len(results),
-            # SCAFFOLD also sends c down and delta c_i up (c_i itself stays with its client)
-            "bytes/down": int(sum(_nbytes(t.params) + _nbytes(t.control or {}) for t, _ in jobs)),
-            "bytes/up": int(sum(_nbytes(r.params) + _nbytes(r.extras) for r in results)),
+            # everything exchanged: SCAFFOLD's c down and delta c_i up (c_i itself stays with its
+            # client), FIM-L-BFGS's gradient and Fisher up, FedDANE's two phases (ClientTask.sent_bytes)
+            "bytes/down": int(bytes_down + sum(t.sent_bytes() for t, _ in jobs)),
+            "bytes/up": int(bytes_up + sum(r.sent_bytes() for r in results)),
             **facts,
         }
         metrics["time/train_s"] = time.perf_counter() - t0
@@ -197,6 +203,14 @@ class Federation:
             metrics.update(self.evaluate())
         metrics["time/round_s"] = time.perf_counter() - t0
         return metrics
+
+    def _check_finite(self, results, round_index: int) -> None:
+        diverged = [r.client_id for r in results if not all(torch.isfinite(t).all() for t in r.params.values())]
+        if diverged:
+            raise FloatingPointError(
+                f"round {round_index}: clients {diverged} returned non-finite parameters or gradients (training "
+                f"diverged); lower optimizer.lr (now {self.optimizer.lr}) or the algorithm's step size"
+            )
 
     def should_evaluate(self, round_index: int) -> bool:
         """Every ``eval_every`` rounds, and every round of the final window, so that the
@@ -251,10 +265,6 @@ class Federation:
         tmp.write_text(json.dumps(summary, indent=1, default=str))
         tmp.replace(path)
         return path
-
-
-def _nbytes(params: dict) -> int:
-    return sum(t.numel() * t.element_size() for t in params.values())
 
 
 def _config_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:

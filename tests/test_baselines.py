@@ -1,5 +1,8 @@
-"""FedNova and SCAFFOLD: the server maths against hand-computed numbers, SCAFFOLD's corrected
-client step, and multi-round runs through the CLI (resume, refused optimizers)."""
+"""FedNova, SCAFFOLD and FedDANE: the server maths against hand-computed numbers, SCAFFOLD's
+corrected client step, FedDANE's local objective, and multi-round runs through the CLI
+(resume, refused optimizers, bytes exchanged)."""
+
+import math
 
 import copy
 
@@ -12,7 +15,7 @@ from torch import nn
 from fl_lightning.aggregation import fedavg, fednova, fednova_norm
 from fl_lightning.checkpoint import load_checkpoint, save_atomic
 from fl_lightning.cli import main
-from fl_lightning.client import ClientContext, train_client
+from fl_lightning.client import ClientContext, build_module, train_client
 from fl_lightning.config import FederationConfig, OptimizerConfig, TrainerConfig
 from fl_lightning.federation import sample_clients
 from fl_lightning.strategies import SCAFFOLD, ClientResult, ClientTask, FedAvg, FedNova, ServerContext
@@ -207,3 +210,50 @@ def test_baselines_refuse_optimizers_other_than_sgd(tmp_path, algorithm):
     with pytest.raises(ValueError, match="optimizer.name"):
         main(["fit", *tiny_args(tmp_path / algorithm, "--federation.rounds", "1", "--algorithm", algorithm,
                                 "--optimizer.name", "adam")])
+
+
+# ---- FedDANE -------------------------------------------------------------------------------
+
+def test_feddane_local_loss_is_cross_entropy_plus_linear_correction_plus_proximal_term():
+    # w_t: W = [[0, 1], [0, 0]], b = 0; the client has moved to W = [[1, 1], [0, 0]].
+    template = nn.Linear(2, 2)
+    w_t = {"weight": torch.tensor([[0.0, 1.0], [0.0, 0.0]]), "bias": torch.zeros(2)}
+    c = {"weight": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "bias": torch.tensor([0.5, -0.5])}
+    global_gradient = {"weight": torch.full((2, 2), 10.0), "bias": torch.full((2,), 10.0)}
+    local_gradient = {k: global_gradient[k] - c[k] for k in c}  # c = grad f(w_t) - grad F_k(w_t)
+    mu = 0.1
+    task = ClientTask(0, "classifier", w_t, (), OptimizerConfig("sgd", lr=0.1), prox_mu=mu,
+                      global_gradient=global_gradient, local_gradient=local_gradient, params_cached=True)
+    module = build_module(task, template)
+    with torch.no_grad():
+        module.network.weight.copy_(torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+    x, y = torch.tensor([[1.0, 0.0]]), torch.tensor([0])
+    loss = module.training_step((x, y), 0)
+    # logits [1, 0]: CE = log(1 + e^-1); <c, w> = 1 + 2 = 3; mu/2 ||w - w_t||^2 = 0.05. The module
+    # adds <c, w - w_t> = <c, w> - <c, w_t> = 3 - 2: the same gradient, an offset of <c, w_t>.
+    paper_objective = math.log(1 + math.exp(-1)) + 3.0 + 0.05
+    assert loss.item() == pytest.approx(paper_objective - 2.0, abs=1e-6)
+    # and its gradient is FedDANE's: grad CE + c + mu (w - w_t)
+    loss.backward()
+    p = torch.softmax(torch.tensor([1.0, 0.0]), 0) - torch.tensor([1.0, 0.0])
+    expected = torch.outer(p, x[0]) + c["weight"] + mu * torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    torch.testing.assert_close(module.network.weight.grad, expected, rtol=0, atol=1e-6)
+    # only the global gradient travels: w_t is cached from the gradient phase
+    assert task.sent_bytes() == 6 * 4
+
+
+def test_feddane_runs_two_client_phases_and_counts_both(tmp_path):
+    dane = ("--federation.rounds", "2", "--algorithm", "FedDANE", "--algorithm.mu", "0.1", "--optimizer.lr", "0.01")
+    summary = main(["fit", *tiny_args(tmp_path / "dane", *dane)])
+    # both phases through worker processes: the same federation
+    workers = main(["fit", *tiny_args(tmp_path / "workers", *dane, "--trainer.workers", "2")])
+    for key in ("test/accuracy", "train/loss"):
+        assert _history(workers, key) == _history(summary, key)
+    assert summary["algorithm"] == "feddane" and summary["rounds"] == 2
+    state = load_checkpoint(tmp_path / "dane" / "checkpoints" / "last.ckpt")["state"]
+    model_bytes = sum(v.numel() * v.element_size() for v in state.values())
+    # up: grad F_k(w_t) then w_k; down: w_t then grad f(w_t); 3 clients a round
+    assert _history(summary, "bytes/up") == [2 * model_bytes * 3] * 2
+    assert _history(summary, "bytes/down") == [2 * model_bytes * 3] * 2
+    assert all(v > 0 for v in _history(summary, "feddane/global_grad_norm"))
+    assert all(math.isfinite(v) for v in _history(summary, "train/loss"))

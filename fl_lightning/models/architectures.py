@@ -124,8 +124,25 @@ class SimpleCNN(nn.Module):
         return self.head(self.features(x))
 
 
+class LogisticRegression(nn.Module):
+    """Multinomial logistic regression (one logit for a one-vs-all detector): flatten, then
+    one linear layer. Its cross-entropy is convex in the weights (strongly convex with weight
+    decay), the setting of the FIM-L-BFGS paper's convergence theorem (Theorem 1)."""
+
+    rectangular_inputs = True  # any (H, W)
+
+    def __init__(self, in_channels: int = 1, image_size: int | tuple[int, int] = 28, num_outputs: int = 10) -> None:
+        super().__init__()
+        height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+        self.features = nn.Flatten()
+        self.head = nn.Linear(in_channels * height * width, num_outputs)
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
 ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {"fashion_cnn": FashionCNN, "vgg11": VGG11, "kws_cnn": KWSCNN,
-                                                      "simple_cnn": SimpleCNN}
+                                                      "simple_cnn": SimpleCNN, "logistic": LogisticRegression}
 
 
 def build_architecture(name: str, in_channels: int, image_size: int | tuple[int, int], num_outputs: int) -> nn.Module:

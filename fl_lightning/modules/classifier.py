@@ -16,6 +16,13 @@ class MultiClassClassifier(LocalLearner):
     """Cross-entropy on all n classes (FedAvg's ClientUpdate, Algorithm 1); with
     ``prox_mu`` > 0, FedProx's proximal term mu/2 ||w - w_start||^2 is added.
 
+    ``linear`` (FedDANE): c = grad f(w_t) - grad F_k(w_t) per parameter name; with ``prox_mu``
+    = mu the client minimises FedDANE's local problem F_k(w) + <c, w> + mu/2 ||w - w_t||^2
+    (w_t = w_start). The linear term is added as <c, w - w_t>: the paper's <c, w> less the
+    constant <c, w_t>, so the same gradients and minimiser, while the recorded training loss
+    (this whole objective, as FedProx's includes its term) starts at F_k(w_t) instead of
+    carrying an arbitrary offset.
+
     ``control`` (SCAFFOLD): c - c_i per parameter name; every optimizer step then uses the
     corrected gradient g + c - c_i. It is added to ``.grad`` just before the step rather
     than as a loss term <w, c - c_i> (whose gradient is the same): the correction is then
@@ -23,18 +30,24 @@ class MultiClassClassifier(LocalLearner):
     the recorded training loss stays the cross-entropy, comparable with FedAvg's."""
 
     def __init__(self, network: nn.Module, optimizer: OptimizerConfig, prox_mu: float = 0.0,
-                 control: Optional[dict[str, Tensor]] = None) -> None:
+                 control: Optional[dict[str, Tensor]] = None, linear: Optional[dict[str, Tensor]] = None) -> None:
         super().__init__(optimizer)
         # NHWC, like the inputs (LocalLearner.on_after_batch_transfer): mixed layouts make
         # oneDNN convert every activation back and forth.
         self.network = network.to(memory_format=torch.channels_last)
         self.prox_mu = prox_mu
-        self._start = [p.detach().clone() for p in self.network.parameters()] if prox_mu > 0 else []
+        self._start = ([p.detach().clone() for p in self.network.parameters()]
+                       if prox_mu > 0 or linear is not None else [])
         if control is not None:
             names = {name for name, _ in self.network.named_parameters()}
             if set(control) != names:
                 raise ValueError(f"control variates {sorted(set(control) ^ names)} do not match the parameters")
         self.control = control
+        if linear is not None:
+            names = {name for name, _ in self.network.named_parameters()}
+            if set(linear) != names:
+                raise ValueError(f"FedDANE's linear term {sorted(set(linear) ^ names)} does not match the parameters")
+        self.linear = linear
 
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
@@ -45,11 +58,16 @@ class MultiClassClassifier(LocalLearner):
         if self.prox_mu > 0:
             distance = sum(((p - p0.to(p.device)) ** 2).sum() for p, p0 in zip(self.network.parameters(), self._start))
             loss = loss + self.prox_mu / 2 * distance
+        if self.linear is not None:
+            loss = loss + sum((self.linear[name].to(p.device) * (p - p0.to(p.device))).sum()
+                              for (name, p), p0 in zip(self.network.named_parameters(), self._start))
         return loss
 
     def on_fit_start(self) -> None:
         if self.control is not None:  # once, not at every step
             self.control = {k: v.to(self.device) for k, v in self.control.items()}
+        if self.linear is not None:
+            self.linear = {k: v.to(self.device) for k, v in self.linear.items()}
 
     def on_before_optimizer_step(self, optimizer) -> None:
         # Lightning calls this after backward (and after unscaling with 16-mixed), just

@@ -25,8 +25,10 @@ class ClientTask:
     """Everything a client needs for one local fit (sent to a worker as is)."""
 
     client_id: int
-    kind: str  # "detectors" | "classifier" | "open_set"
+    kind: str  # "detectors" | "classifier" | "open_set" | "curvature"
     params: State
+    # "detectors": the classes of the stacked detectors in ``params``; "curvature": the same
+    # for one-vs-all probes (empty: one multi-class model)
     classes: tuple[int, ...] = ()
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     stacking: str = "loop"
@@ -39,6 +41,21 @@ class ClientTask:
     client_control: Optional[State] = None
     open_set: Any = None  # "open_set": its OpenSetLoss
     num_classes: int = 0  # "open_set": the index of "unknown"
+    fisher: bool = False  # "curvature": also return the diagonal Fisher (FIM-L-BFGS), not only the gradient
+    # "classifier", FedDANE: the global gradient grad f(w_t) (sent, counted in bytes/down) and
+    # the client's own grad F_k(w_t) from this round's gradient phase (it already has it: not
+    # counted); the local loss gains <grad f(w_t) - grad F_k(w_t), w>.
+    global_gradient: Optional[State] = None
+    local_gradient: Optional[State] = None
+    # True when the client still holds ``params`` from this round's gradient phase (FedDANE's
+    # second phase): they are not sent, so not counted, again.
+    params_cached: bool = False
+
+    def sent_bytes(self) -> int:
+        """What the server sends for this task: the parameters (unless the client holds them
+        already), SCAFFOLD's c and FedDANE's global gradient."""
+        parts = [self.control or {}, self.global_gradient or {}] + ([] if self.params_cached else [self.params])
+        return sum(t.numel() * t.element_size() for part in parts for t in part.values())
 
 
 @dataclass
@@ -49,8 +66,13 @@ class ClientResult:
     classes: tuple[int, ...] = ()
     train_loss: float = float("nan")
     steps: int = 0
-    #: what a client returns besides its model, counted in bytes/up (SCAFFOLD: delta c_i)
+    #: what a client returns besides its model, counted in bytes/up (SCAFFOLD: delta c_i;
+    #: a "curvature" probe returns its gradient as ``params`` and its diagonal Fisher here)
     extras: State = field(default_factory=dict)
+
+    def sent_bytes(self) -> int:
+        """What the client uploads: ``params`` and ``extras``."""
+        return sum(t.numel() * t.element_size() for part in (self.params, self.extras) for t in part.values())
 
 
 @dataclass
@@ -117,6 +139,16 @@ class Strategy(ABC):
 
     def extra_metrics(self, state: State, x: Tensor, y: Tensor, scores: Tensor) -> dict[str, float]:
         return {}
+
+    def gradient_phase(self, state: State, client_ids: list[int]) -> Optional[list[ClientTask]]:
+        """Optional first client phase of a round, before ``configure_client``: tasks for the
+        sampled clients (those holding data), run like any other tasks, whose results go to
+        ``receive_gradients``. None (the default): the round has one client phase.
+        FedDANE gathers the global gradient grad f(w_t) this way."""
+        return None
+
+    def receive_gradients(self, results: list[ClientResult]) -> None:
+        """The results of ``gradient_phase``'s tasks, before this round's ``configure_client``."""
 
     def state_num_bytes(self, state: State) -> int:
         return sum(t.numel() * t.element_size() for t in state.values())

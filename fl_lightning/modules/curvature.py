@@ -1,0 +1,132 @@
+"""A client that measures instead of training: ClientUpdate of FIM-L-BFGS (the FedOVA journal
+paper, Algorithm 1) and FedDANE's gradient phase."""
+
+from __future__ import annotations
+
+import copy
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from torch import Tensor, nn
+from torch.func import functional_call, grad, grad_and_value, vmap
+
+
+class CurvatureProbe(LightningModule):
+    """At the global model w_t, one pass over the client's data in mini-batches of
+    ``federation.batch_size``, no parameter update, and two sums over its samples:
+
+    - the gradient of the local loss, averaged over all local samples: (1/N) sum_i grad f_i(w_t)
+      (the batches only bound memory: the result is the whole local set's gradient, whatever
+      the batch size or order, up to float rounding);
+    - with ``fisher``, the diagonal Fisher information, the mean over samples of the squared
+      per-sample gradients, (1/N) sum_i grad f_i(w_t)^2 (Eq. 11 diagonalised), from
+      per-sample gradients by ``torch.func.vmap(grad(...))``.
+
+    ``networks``: the models probed, each with its own loss — one multi-class network
+    (cross-entropy, FedAvg's) or, when ``classes`` is given, FedOVA's binary detectors, one
+    per class (binary cross-entropy on y == class). Manual optimisation and no optimizer: the
+    per-client Trainer runs it like any other client module (and ``client.train_client`` runs
+    it for one epoch, whatever ``federation.local_epochs``). Computed in float32 with autocast
+    off, so mixed precision leaves the probes exact.
+    """
+
+    def __init__(self, networks: Sequence[nn.Module], classes: Sequence[int] = (), fisher: bool = True,
+                 chunk_size: Optional[int] = None) -> None:
+        super().__init__()
+        if classes and len(classes) != len(networks):
+            raise ValueError(f"{len(classes)} classes but {len(networks)} detectors")
+        if not classes and len(networks) != 1:
+            raise ValueError("a multi-class probe takes exactly one network")
+        self.automatic_optimization = False
+        self.networks = nn.ModuleList(networks)
+        self.classes = tuple(int(c) for c in classes)
+        self.fisher = fisher
+        self.chunk_size = chunk_size  # vmap's: bounds the per-sample gradients held at once
+        self.samples = 0
+        self._grad_sum: list[dict[str, Tensor]] = []
+        self._fisher_sum: list[dict[str, Tensor]] = []
+
+    @classmethod
+    def from_state(cls, template: nn.Module, params: dict[str, Tensor], classes: Sequence[int] = (),
+                   fisher: bool = True) -> "CurvatureProbe":
+        """``params``: one model's state dict, or with ``classes`` the detectors stacked (G, ...)."""
+        rows = [{name: t[g] for name, t in params.items()} for g in range(len(classes))] if classes else [params]
+        networks = []
+        for state in rows:
+            # A fixed (contiguous) layout, whatever the template's: the sums' rounding, hence
+            # the results, must not depend on the process the probe runs in (the main
+            # process's template may have been switched to channels_last by evaluation).
+            network = copy.deepcopy(template).to(memory_format=torch.contiguous_format)
+            network.load_state_dict(state)
+            networks.append(network)
+        return cls(networks, classes, fisher)
+
+    def configure_optimizers(self):
+        return None  # nothing is trained
+
+    def _losses(self, network: nn.Module, params: dict[str, Tensor], x: Tensor, target: Tensor) -> Tensor:
+        """Per-sample losses (B,) of ``network`` with ``params``."""
+        out = functional_call(network, params, (x,)).float()
+        if self.classes:
+            return F.binary_cross_entropy_with_logits(out.reshape(-1), target, reduction="none")
+        return F.cross_entropy(out, target, reduction="none")
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        if not self._grad_sum:
+            for network in self.networks:
+                zeros = {k: torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+                         for k, p in network.named_parameters()}
+                self._grad_sum.append(zeros)
+                self._fisher_sum.append({k: v.clone() for k, v in zeros.items()} if self.fisher else {})
+        total = torch.zeros((), device=x.device)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            x = x.float()
+            for j, network in enumerate(self.networks):
+                params = {k: p.detach().float() for k, p in network.named_parameters()}
+                target = (y == self.classes[j]).float() if self.classes else y
+
+                def one_sample(p, xi, ti, network=network):
+                    return self._losses(network, p, xi.unsqueeze(0), ti.unsqueeze(0)).sum()
+
+                def batch_sum(p, network=network):  # its gradient is sum_i grad f_i
+                    values = self._losses(network, p, x, target)
+                    return values.sum(), values
+
+                if self.fisher:  # per-sample gradients (B, ...), then their sum and squared sum
+                    per_sample, values = vmap(grad_and_value(one_sample), in_dims=(None, 0, 0),
+                                              chunk_size=self.chunk_size)(params, x, target)
+                    for k, g in per_sample.items():
+                        self._grad_sum[j][k] += g.sum(0)
+                        self._fisher_sum[j][k] += g.square().sum(0)
+                else:
+                    g, values = grad(batch_sum, has_aux=True)(params)
+                    for k, v in g.items():
+                        self._grad_sum[j][k] += v
+                total += values.detach().mean()
+        self.samples += len(y)
+        return total  # recorded as train/loss: the local loss at w_t (summed over detectors)
+
+    def on_train_epoch_start(self) -> None:
+        if self.current_epoch > 0:
+            raise RuntimeError("a CurvatureProbe makes exactly one pass over the local data")
+
+    def _result(self, sums: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        if self.samples == 0:
+            raise ValueError("the probe saw no samples")
+        means = [{k: (v / self.samples).cpu() for k, v in s.items()} for s in sums]
+        if not self.classes:
+            return means[0]
+        return {k: torch.stack([m[k] for m in means]) for k in means[0]}
+
+    def gradient(self) -> dict[str, Tensor]:
+        """(1/N) sum_i grad f_i(w_t) per parameter name (detectors stacked (G, ...))."""
+        return self._result(self._grad_sum)
+
+    def diagonal_fisher(self) -> dict[str, Tensor]:
+        """(1/N) sum_i grad f_i(w_t)^2 per parameter name (detectors stacked (G, ...))."""
+        if not self.fisher:
+            raise ValueError("this probe was built with fisher=False")
+        return self._result(self._fisher_sum)
