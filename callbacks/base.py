@@ -12,6 +12,9 @@ class FederatedCallback:
 
     def on_fit_start(self, federation: "Federation") -> None: ...
 
+    def on_client_end(self, federation: "Federation", round_index: int, result: Any, done: int, total: int) -> None:
+        """After each client's local fit of the round (``done`` of ``total``)."""
+
     def on_round_end(self, federation: "Federation", round_index: int, metrics: dict[str, Any]) -> None: ...
 
     def on_fit_end(self, federation: "Federation", summary: dict[str, Any]) -> None: ...

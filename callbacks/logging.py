@@ -9,26 +9,62 @@ from callbacks.base import FederatedCallback
 
 
 class ConsoleProgress(FederatedCallback):
-    """One line per round: rounds done, test accuracy, seconds per round, time left."""
+    """Progress of a run on the terminal.
 
-    def __init__(self, stream=None) -> None:
+    - A terminal: one live status line, redrawn after every client (round r/T, clients
+      done in the round, last accuracy, seconds per round, time left); a finished round
+      leaves one permanent line.
+    - Not a terminal (a log file): one line per round.
+    - Under CI (``$CI`` set): quiet, unless ``mode`` says otherwise.
+
+    Args:
+        mode: auto | live | lines | quiet.
+    """
+
+    def __init__(self, stream=None, mode: str = "auto") -> None:
+        if mode not in ("auto", "live", "lines", "quiet"):
+            raise ValueError(f"progress mode {mode!r} must be auto, live, lines or quiet")
         self.stream = stream or sys.stderr
+        if mode == "auto":
+            mode = "quiet" if os.environ.get("CI") else ("live" if _is_tty(self.stream) else "lines")
+        self.mode = mode
+        self._last_acc = None
 
     def on_fit_start(self, federation) -> None:
         self._start, self._first_round = time.perf_counter(), federation.round + 1
 
+    def _eta(self, federation, finished_rounds: float) -> str:
+        elapsed = time.perf_counter() - self._start
+        done = finished_rounds - self._first_round + 1
+        if done <= 0:
+            return "eta   -  "
+        left = elapsed / done * (federation.federation.rounds - finished_rounds)
+        return f"eta {int(left // 60)}m{int(left % 60):02d}s"
+
+    def on_client_end(self, federation, round_index, result, done, total) -> None:
+        if self.mode != "live":
+            return
+        acc = f"acc {self._last_acc:.4f}" if self._last_acc is not None else "acc   -   "
+        partial = round_index - 1 + done / max(total, 1)
+        print(f"\rround {round_index:>4}/{federation.federation.rounds}  clients {done:>3}/{total}  {acc}  "
+              f"{self._eta(federation, partial)}   ", end="", file=self.stream, flush=True)
+
     def on_round_end(self, federation, round_index, metrics) -> None:
-        total = federation.federation.rounds
-        done = round_index - self._first_round + 1
-        per_round = (time.perf_counter() - self._start) / max(done, 1)
-        eta = per_round * (total - round_index)
+        if "test/accuracy" in metrics:
+            self._last_acc = metrics["test/accuracy"]
+        if self.mode == "quiet":
+            return
         acc = f"acc {metrics['test/accuracy']:.4f}" if "test/accuracy" in metrics else "acc   -   "
-        print(
-            f"round {round_index:>4}/{total}  {acc}  loss {metrics['train/loss']:.4f}  "
-            f"{metrics['time/round_s']:.2f} s/round  eta {int(eta // 60)}m{int(eta % 60):02d}s",
-            file=self.stream,
-            flush=True,
-        )
+        line = (f"round {round_index:>4}/{federation.federation.rounds}  {acc}  loss {metrics['train/loss']:.4f}  "
+                f"{metrics['time/round_s']:.2f} s/round  {self._eta(federation, round_index)}")
+        print(("\r" + line + " " * 12) if self.mode == "live" else line, file=self.stream, flush=True)
+
+
+def _is_tty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 class MetricsLogger(FederatedCallback):

@@ -8,7 +8,7 @@ import multiprocessing as mp
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -219,11 +219,18 @@ class ClientExecutor:
             _WORKER_CTX = ctx  # inherited by fork, never pickled
             self._pool = mp.get_context("fork").Pool(cfg.workers, initializer=_worker_init, initargs=(threads,))
 
-    def run(self, jobs: Sequence[tuple[ClientTask, np.ndarray]], round_index: int) -> list[ClientResult]:
+    def run(self, jobs: Sequence[tuple[ClientTask, np.ndarray]], round_index: int,
+            on_result: Optional[Callable[[ClientResult, int, int], None]] = None) -> list[ClientResult]:
+        """Results in job order; ``on_result(result, done, total)`` after each client (progress)."""
         args = [(task, indices, round_index) for task, indices in jobs]
-        if self._pool is not None:
-            return self._pool.map(_worker_train, args, chunksize=1)
-        return [train_client(self.ctx, *a) for a in args]
+        produced = (self._pool.imap(_worker_train, args, chunksize=1) if self._pool is not None
+                    else (train_client(self.ctx, *a) for a in args))
+        results = []
+        for result in produced:
+            results.append(result)
+            if on_result is not None:
+                on_result(result, len(results), len(args))
+        return results
 
     def close(self) -> None:
         if self._pool is not None:

@@ -184,7 +184,8 @@ class Federation:
             task = self.strategy.configure_client(self.state, k, self.train_labels[indices])
             if task is not None:
                 jobs.append((task, indices))
-        results = executor.run(jobs, round_index)
+        results = executor.run(jobs, round_index, lambda result, done, total: [
+            cb.on_client_end(self, round_index, result, done, total) for cb in self.callbacks])
         self._check_finite(results, round_index)
         self.state, facts = self.strategy.aggregate(self.state, results)
         metrics: dict[str, Any] = {

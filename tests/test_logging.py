@@ -21,3 +21,41 @@ def test_wandb_offline_run_is_kept_on_disk(tmp_path, monkeypatch):
     args[args.index("--run.logger") + 1] = "wandb"
     main(["fit", *args])
     assert list((tmp_path / "wb" / "wandb").glob("offline-run-*"))
+
+
+def _progress_output(tmp_path, mode, monkeypatch, ci=False):
+    import io
+
+    from callbacks import ConsoleProgress
+    from fl_lightning import federation as fed_module
+
+    if ci:
+        monkeypatch.setenv("CI", "true")
+    else:
+        monkeypatch.delenv("CI", raising=False)
+    stream = io.StringIO()
+    made = []
+    original = fed_module.Federation.default_callbacks
+
+    def with_progress(self):
+        cbs = [cb for cb in original(self) if not isinstance(cb, ConsoleProgress)]
+        made.append(ConsoleProgress(stream, mode))
+        return cbs + made
+
+    monkeypatch.setattr(fed_module.Federation, "default_callbacks", with_progress)
+    main(["fit", *tiny_args(tmp_path, "--federation.rounds", "2")])
+    return made[0], stream.getvalue()
+
+
+def test_live_progress_redraws_one_line_per_client(tmp_path, monkeypatch):
+    progress, out = _progress_output(tmp_path, "live", monkeypatch)
+    assert progress.mode == "live"
+    assert out.count("clients   1/3") == 2 and out.count("clients   3/3") == 2  # 3 clients x 2 rounds
+    assert out.count("\n") == 2 and "round    2/2" in out and "eta" in out
+
+
+def test_progress_is_quiet_under_ci_and_one_line_per_round_in_logs(tmp_path, monkeypatch):
+    quiet, out = _progress_output(tmp_path / "ci", "auto", monkeypatch, ci=True)
+    assert quiet.mode == "quiet" and out == ""
+    lines, out = _progress_output(tmp_path / "log", "auto", monkeypatch)
+    assert lines.mode == "lines" and len(out.splitlines()) == 2 and "clients" not in out
