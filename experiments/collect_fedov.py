@@ -46,7 +46,7 @@ def main(root: str = "runs/fedov") -> None:
         mean = lambda key: sum(r[key] for r in runs) / len(runs)
         topk = f"{mean('topk'):.1f} ({','.join(str(r['k']) for r in runs)})" if runs[0]["k"] else "—"
         distilled = f"{sum(r['distilled'] for r in runs) / len(runs):.1f}" if runs[0]["distilled"] is not None else "—"
-        paper_key = method.split("_mu")[0]
+        paper_key = method.split("_mu")[0].replace("_codeweights", "")
         paper = PAPER.get((data, part), {}).get(paper_key, "—")
         print(f"| {data} | {part} | {method} | {runs[0]['epochs']} | {mean('acc'):.1f} | {topk} | {distilled} | "
               f"{paper} | {mean('seconds'):.0f} | {len(runs)} |")
