@@ -10,6 +10,10 @@ name=fmnist_C1_fedov_codeweights
 [ -f $OUT/$name/summary.json ] || .venv/bin/python -m fl_lightning fit --config configs/fedov_fmnist.yaml \
   --partition.scheme num_labels --partition.labels_per_client 1 --federation.local_epochs $E \
   --algorithm.dummy_weight 1.0 --algorithm.mixup_weight 0.01 --run.dir $OUT/$name > $OUT/$name.log 2>&1
+name=fmnist_D05_fedov_codeweights
+[ -f $OUT/$name/summary.json ] || .venv/bin/python -m fl_lightning fit --config configs/fedov_fmnist.yaml \
+  --partition.scheme dirichlet --partition.dirichlet_beta 0.5 --federation.local_epochs $E \
+  --algorithm.dummy_weight 1.0 --algorithm.mixup_weight 0.01 --run.dir $OUT/$name > $OUT/$name.log 2>&1
 for alg in fednova scaffold; do
   name=fmnist_C2_$alg
   [ -f $OUT/$name/summary.json ] && continue
