@@ -8,12 +8,14 @@ Prints Markdown: accuracy with all voters, best top-k (and its k), Distilled Fed
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 # FedOV ICLR 2023, Table 1 (one round, simple CNN; mean of 3 seeds) and Table 11 (best top-k).
 PAPER = {
+    ("cifar", "C2"): {"fedov": 42.0, "closesetvoting": 37.2, "fedov_topk": 48.9},
     ("mnist", "C1"): {"fedov": 79.3, "closeset": 15.5, "fedov_topk": 79.4},
     ("mnist", "C2"): {"fedov": 64.2, "closeset": 44.3, "fedov_topk": 88.2},
     ("fmnist", "C1"): {"fedov": 73.3, "closeset": 10.1, "proser": 15.1, "proser_dd": 71.0, "fedov_topk": 73.3},
@@ -46,7 +48,7 @@ def main(root: str = "runs/fedov") -> None:
         mean = lambda key: sum(r[key] for r in runs) / len(runs)
         topk = f"{mean('topk'):.1f} ({','.join(str(r['k']) for r in runs)})" if runs[0]["k"] else "—"
         distilled = f"{sum(r['distilled'] for r in runs) / len(runs):.1f}" if runs[0]["distilled"] is not None else "—"
-        paper_key = method.split("_mu")[0].replace("_codeweights", "")
+        paper_key = re.sub(r"_(codeweights|E\d+)$", "", method.split("_mu")[0])
         paper = PAPER.get((data, part), {}).get(paper_key, "—")
         print(f"| {data} | {part} | {method} | {runs[0]['epochs']} | {mean('acc'):.1f} | {topk} | {distilled} | "
               f"{paper} | {mean('seconds'):.0f} | {len(runs)} |")
