@@ -32,3 +32,8 @@ run_d05 fmnist_D05_fedov_distilled configs/fedov_fmnist.yaml --algorithm.distill
 run_d05 fmnist_D05_feddf configs/feddf_oneshot_fmnist.yaml
 run_d05 fmnist_D05_fedavg configs/fedavg_oneshot_fmnist.yaml
 run_d05 fmnist_D05_fedprox_mu0.01 configs/fedprox_oneshot_fmnist.yaml
+# FMNIST #C=1 with 60 local epochs (how far longer training closes the gap to the paper's 200).
+name=fmnist_C1_fedov_E60
+[ -f $OUT/$name/summary.json ] || .venv/bin/python -m fl_lightning fit --config configs/fedov_fmnist.yaml \
+  --partition.scheme num_labels --partition.labels_per_client 1 --federation.local_epochs 60 \
+  --run.dir $OUT/$name > $OUT/$name.log 2>&1
