@@ -37,3 +37,10 @@ name=fmnist_C1_fedov_E60
 [ -f $OUT/$name/summary.json ] || .venv/bin/python -m fl_lightning fit --config configs/fedov_fmnist.yaml \
   --partition.scheme num_labels --partition.labels_per_client 1 --federation.local_epochs 60 \
   --run.dir $OUT/$name > $OUT/$name.log 2>&1
+# FMNIST Dir(0.5) with 60 local epochs, FedOV and close-set (does the ordering change with training length?).
+for alg in CloseSetVoting FedOV; do
+  name=fmnist_D05_$(echo $alg | tr A-Z a-z | sed 's/closesetvoting/closeset/')_E60
+  [ -f $OUT/$name/summary.json ] || .venv/bin/python -m fl_lightning fit --config configs/fedov_fmnist.yaml \
+    --algorithm $alg --partition.scheme dirichlet --partition.dirichlet_beta 0.5 --federation.local_epochs 60 \
+    --run.dir $OUT/$name > $OUT/$name.log 2>&1
+done
