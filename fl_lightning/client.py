@@ -102,22 +102,23 @@ def extract_params(task: ClientTask, module) -> dict[str, Tensor]:
     return module.stacked_state() if task.kind == "detectors" else module.flat_state()
 
 
+def _difference(minuend, subtrahend, what: str) -> Optional[dict[str, Tensor]]:
+    """minuend - subtrahend per tensor; None when the task carries neither."""
+    if minuend is None:
+        return None
+    if subtrahend is None:
+        raise ValueError(f"a {what} task needs both terms of its correction")
+    return {k: v - subtrahend[k] for k, v in minuend.items()}
+
+
 def scaffold_correction(task: ClientTask) -> Optional[dict[str, Tensor]]:
     """SCAFFOLD: c - c_i, added to every local gradient (None for other algorithms)."""
-    if task.control is None:
-        return None
-    if task.client_control is None:
-        raise ValueError("a SCAFFOLD task needs both the server's and the client's control variates")
-    return {k: c - task.client_control[k] for k, c in task.control.items()}
+    return _difference(task.control, task.client_control, "SCAFFOLD (server and client control variates)")
 
 
 def feddane_correction(task: ClientTask) -> Optional[dict[str, Tensor]]:
     """FedDANE: grad f(w_t) - grad F_k(w_t), the linear term's coefficient (None for other algorithms)."""
-    if task.global_gradient is None:
-        return None
-    if task.local_gradient is None:
-        raise ValueError("a FedDANE task needs both the global and the client's own gradient")
-    return {k: g - task.local_gradient[k] for k, g in task.global_gradient.items()}
+    return _difference(task.global_gradient, task.local_gradient, "FedDANE (global and local gradients)")
 
 
 def extract_extras(task: ClientTask, module, params: dict[str, Tensor], steps: int) -> dict[str, Tensor]:
