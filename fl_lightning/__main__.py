@@ -1,4 +1,6 @@
-from fl_lightning.cli import main
+import sys
+
+from fl_lightning.cli import run
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run())

@@ -21,6 +21,35 @@ from fl_lightning.modules import BinaryDetector, CurvatureProbe, MultiClassClass
 from fl_lightning.strategies.base import ClientResult, ClientTask
 
 
+@dataclass
+class ClientFailure:
+    """A client dropped from a round: it raised, ran past ``federation.client_timeout``,
+    disconnected (Flower) or returned non-finite values."""
+
+    client_id: int
+    reason: str
+
+
+class ClientTimeout(RuntimeError):
+    pass
+
+
+class _Deadline:
+    """Lightning callback: stops a client fit that runs past its time budget (checked after
+    every batch, so a slow client is dropped, not waited for)."""
+
+    def __init__(self, seconds: float) -> None:
+        import time
+
+        self.seconds, self.start = seconds, time.monotonic()
+
+    def check(self) -> None:
+        import time
+
+        if time.monotonic() - self.start > self.seconds:
+            raise ClientTimeout(f"local training ran past federation.client_timeout={self.seconds:g} s")
+
+
 def client_seed(seed: int, round_index: int, client_id: int) -> int:
     """Each client's randomness (batch order, augmentation) in a round comes from this
     seed alone, so results do not depend on which process trains it, or on resuming."""
@@ -82,7 +111,7 @@ def build_module(task: ClientTask, template: nn.Module):
     if task.kind in ("classifier", "open_set"):
         import copy
 
-        network = copy.deepcopy(template)
+        network = copy.deepcopy(task.network if task.network is not None else template)
         network.load_state_dict(task.params)
         if task.kind == "open_set":
             return OpenSetDetector(network, task.num_classes, task.optimizer, task.open_set)
@@ -92,14 +121,23 @@ def build_module(task: ClientTask, template: nn.Module):
 
 
 def local_epochs(task: ClientTask, federation: FederationConfig) -> int:
-    """E, except for probes: they make one pass however many local epochs a run sets."""
-    return 1 if task.kind == "curvature" else federation.local_epochs
+    """E, except for curvature probes (one pass however many local epochs a run sets) and
+    tasks that set their own (ATHENA-FL's clustering probe)."""
+    if task.kind == "curvature":
+        return 1
+    return task.epochs if task.epochs is not None else federation.local_epochs
 
 
 def extract_params(task: ClientTask, module) -> dict[str, Tensor]:
     if task.kind == "curvature":
         return module.gradient()  # what a probe sends back in place of a model
-    return module.stacked_state() if task.kind == "detectors" else module.flat_state()
+    params = module.stacked_state() if task.kind == "detectors" else module.flat_state()
+    if task.upload is not None:
+        missing = set(task.upload) - set(params)
+        if missing:
+            raise ValueError(f"client {task.client_id}: asked to upload unknown parameters {sorted(missing)}")
+        params = {name: params[name] for name in task.upload}
+    return params
 
 
 def _difference(minuend, subtrahend, what: str) -> Optional[dict[str, Tensor]]:
@@ -154,7 +192,15 @@ def train_client(ctx: ClientContext, task: ClientTask, indices: np.ndarray, roun
     module = build_module(task, ctx.template)
     losses: list[Tensor] = []
     module.training_step = _recording(module.training_step, losses, len(batches))
+    callbacks = []
+    if ctx.federation.client_timeout:
+        from lightning.pytorch.callbacks import Callback
+
+        deadline = _Deadline(ctx.federation.client_timeout)
+        callbacks.append(type("ClientDeadline", (Callback,), {
+            "on_train_batch_end": lambda self, *args, **kwargs: deadline.check()})())
     trainer = Trainer(
+        callbacks=callbacks,
         max_epochs=local_epochs(task, ctx.federation),
         accelerator=resolve_accelerator(ctx.trainer),
         devices=1,
@@ -194,9 +240,24 @@ def _worker_init(threads: int) -> None:
     quiet_lightning()
 
 
+def guarded_train(ctx: ClientContext, task: ClientTask, indices: np.ndarray, round_index: int):
+    """``train_client``, with any exception (or non-finite output) turned into a
+    ``ClientFailure``: one broken client must not end the round for the others."""
+    try:
+        result = train_client(ctx, task, indices, round_index)
+    except Exception as error:  # noqa: BLE001 - any client-side error drops that client only
+        return ClientFailure(task.client_id, f"{type(error).__name__}: {error}")
+    bad = [name for part in (result.params, result.extras) for name, t in part.items()
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        return ClientFailure(task.client_id, f"non-finite values in {bad[:3]}{'...' if len(bad) > 3 else ''} "
+                                             f"(local training diverged; loss {result.train_loss:.4g})")
+    return result
+
+
 def _worker_train(args):
     task, indices, round_index = args
-    return train_client(_WORKER_CTX, task, indices, round_index)
+    return guarded_train(_WORKER_CTX, task, indices, round_index)
 
 
 class ClientExecutor:
@@ -221,17 +282,22 @@ class ClientExecutor:
             self._pool = mp.get_context("fork").Pool(cfg.workers, initializer=_worker_init, initargs=(threads,))
 
     def run(self, jobs: Sequence[tuple[ClientTask, np.ndarray]], round_index: int,
-            on_result: Optional[Callable[[ClientResult, int, int], None]] = None) -> list[ClientResult]:
-        """Results in job order; ``on_result(result, done, total)`` after each client (progress)."""
+            on_result: Optional[Callable[[ClientResult, int, int], None]] = None
+            ) -> tuple[list[ClientResult], list[ClientFailure]]:
+        """Results and failures in job order; ``on_result(result, done, total)`` after each
+        successful client (progress)."""
         args = [(task, indices, round_index) for task, indices in jobs]
         produced = (self._pool.imap(_worker_train, args, chunksize=1) if self._pool is not None
-                    else (train_client(self.ctx, *a) for a in args))
-        results = []
-        for result in produced:
-            results.append(result)
+                    else (guarded_train(self.ctx, *a) for a in args))
+        results, failures = [], []
+        for outcome in produced:
+            if isinstance(outcome, ClientFailure):
+                failures.append(outcome)
+                continue
+            results.append(outcome)
             if on_result is not None:
-                on_result(result, len(results), len(args))
-        return results
+                on_result(outcome, len(results) + len(failures), len(args))
+        return results, failures
 
     def close(self) -> None:
         if self._pool is not None:

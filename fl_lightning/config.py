@@ -48,6 +48,8 @@ class DataConfig:
             ``fsdd/recordings`` under ``root`` and then each of ``offline_roots``.
         mfcc_mels: mel bands the 16 MFCCs are taken from (speech corpora only; 50 frames x 16
             coefficients per 1 s clip whatever its value). Changing it recomputes the cache.
+        image_size: resize every image to image_size x image_size (bilinear) after loading;
+            ATHENA-FL extends MNIST/FMNIST to 32x32 (Section 5). Unset: the native size.
     """
 
     name: Literal["fashion_mnist", "mnist", "cifar10", "svhn", "synthetic", "speech_commands", "fsdd"] = "fashion_mnist"
@@ -62,6 +64,7 @@ class DataConfig:
     speech_commands_version: Literal["speech_commands_v0.01", "speech_commands_v0.02"] = "speech_commands_v0.01"
     fsdd_dir: Optional[str] = None
     mfcc_mels: int = 40
+    image_size: Optional[int] = None
 
 
 @dataclass
@@ -70,21 +73,26 @@ class PartitionConfig:
 
     Attributes:
         scheme: iid | non_iid_l (FedOVA: l shards of l different labels per client) |
-            num_labels (NIID-Bench #C=k) | dirichlet (NIID-Bench Dir(beta)).
+            num_labels (NIID-Bench #C=k) | label_groups (ATHENA-FL: disjoint groups of l classes,
+            client k in group k mod n/l) | dirichlet (NIID-Bench Dir(beta), ATHENA-FL's "LDA").
         num_clients: K.
         labels_per_client: l of non-IID-l, k of #C=k.
         dirichlet_beta: concentration of Dir(beta).
         min_samples: Dir(beta) redraws until every client holds at least this many samples.
         share_fraction: data-sharing baseline (Zhao et al. 2018): a random global subset of
             share_fraction x |D_k| samples is added to every client; 0 turns it off.
+        validation_fraction: every client keeps this fraction of its samples out of training
+            as a local validation split (federated evaluation: clients report correct/total);
+            0 turns it off. ATHENA-FL's convergence criterion and detector ranking use it.
     """
 
-    scheme: Literal["iid", "non_iid_l", "num_labels", "dirichlet"] = "non_iid_l"
+    scheme: Literal["iid", "non_iid_l", "num_labels", "label_groups", "dirichlet"] = "non_iid_l"
     num_clients: int = 100
     labels_per_client: int = 2
     dirichlet_beta: float = 0.5
     min_samples: int = 10
     share_fraction: float = 0.0
+    validation_fraction: float = 0.0
 
 
 @dataclass
@@ -93,9 +101,11 @@ class ModelConfig:
     architecture: fashion_cnn (FedOVA's F-MNIST CNN) | vgg11 (CIFAR-10) | kws_cnn (FedOVA's
         keyword-spotting CNN for 50x16 MFCC inputs) | simple_cnn (the 5-layer CNN of FedAvg,
         NIID-Bench and FedOV) | logistic (flatten + linear: logistic regression, the convex
-        sanity check of FIM-L-BFGS)."""
+        sanity check of FIM-L-BFGS) | athena_cnn (ATHENA-FL's detector, 32x32 inputs) |
+        mobilenet | mobilenet_v2 (ATHENA-FL's multi-class baselines and clustering probe)."""
 
-    architecture: Literal["fashion_cnn", "vgg11", "kws_cnn", "simple_cnn", "logistic"] = "fashion_cnn"
+    architecture: Literal["fashion_cnn", "vgg11", "kws_cnn", "simple_cnn", "logistic", "athena_cnn", "mobilenet",
+                          "mobilenet_v2"] = "fashion_cnn"
 
 
 @dataclass
@@ -128,6 +138,12 @@ class FederationConfig:
             the final window.
         final_window: "final accuracy" is the mean over the last this many evaluations
             (the paper's convention: 20).
+        min_clients: the fewest clients that must succeed for a round to count; a client that
+            raises, runs past ``client_timeout``, disconnects or returns non-finite values is
+            dropped from its round (and logged with its id).
+        round_retries: how often a round with fewer than ``min_clients`` successes is run again
+            (same clients, same seeds) before the run stops with an error.
+        client_timeout: seconds a client's local training may take (none: no limit).
     """
 
     rounds: int = 100
@@ -136,6 +152,9 @@ class FederationConfig:
     batch_size: int = 15
     eval_every: int = 1
     final_window: int = 20
+    min_clients: int = 1
+    round_retries: int = 0
+    client_timeout: Optional[float] = None
 
 
 @dataclass

@@ -4,6 +4,7 @@ LightningModules it hands to clients; logging and checkpoints are callbacks."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -19,21 +20,17 @@ from fl_lightning.client import ClientContext, ClientExecutor, resolve_accelerat
 from fl_lightning.config import (DataConfig, FederationConfig, ModelConfig, OptimizerConfig, PartitionConfig,
                                  RunConfig, TrainerConfig)
 from fl_lightning.data import load_dataset, partition_clients, partition_table
+from fl_lightning.data.preprocess import hold_out_validation, resize_images
+from fl_lightning.errors import RoundFailedError
+from fl_lightning.provenance import reproducibility_info
 from fl_lightning.models import build_architecture
 from fl_lightning.strategies import ServerContext, Strategy
+from fl_lightning.strategies.base import sample_clients  # noqa: F401  (public: tests, bench)
 
 EVAL_BATCH = 500
 # Settings that may differ between a checkpoint and the run resuming it.
 _RESUMABLE_CHANGES = {"federation.rounds", "run", "trainer", "data.root", "data.offline_roots", "data.idx_gz_dir",
                       "data.download", "data.speech_commands_dir", "data.fsdd_dir", "federation.eval_every", "ckpt_path"}
-
-
-def sample_clients(generator: torch.Generator, num_clients: int, fraction: float) -> list[int]:
-    """K_t: max(1, round(C*K)) distinct clients, from the sampler's own generator."""
-    if not 0 < fraction <= 1:
-        raise ValueError(f"federation.client_fraction={fraction} must lie in (0, 1]")
-    m = max(1, int(round(fraction * num_clients)))
-    return sorted(torch.randperm(num_clients, generator=generator)[:m].tolist())
 
 
 class Federation:
@@ -70,11 +67,14 @@ class Federation:
     def _validate(self) -> None:
         f = self.federation
         for key, value, low in (("rounds", f.rounds, 0), ("local_epochs", f.local_epochs, 1), ("eval_every", f.eval_every, 1),
-                                ("final_window", f.final_window, 1)):
+                                ("final_window", f.final_window, 1), ("min_clients", f.min_clients, 1),
+                                ("round_retries", f.round_retries, 0)):
             if value < low:
                 raise ValueError(f"federation.{key}={value} must be >= {low}")
         if not 0 < f.client_fraction <= 1:
             raise ValueError(f"federation.client_fraction={f.client_fraction} must lie in (0, 1]")
+        if f.client_timeout is not None and f.client_timeout <= 0:
+            raise ValueError(f"federation.client_timeout={f.client_timeout} must be > 0 (or unset)")
         if f.batch_size < 0:
             raise ValueError(f"federation.batch_size={f.batch_size} must be >= 0 (0 = whole local set)")
 
@@ -90,9 +90,12 @@ class Federation:
         if self._data is not None:
             return
         self._data = load_dataset(self.data_cfg)
+        if self.data_cfg.image_size:
+            resize_images(self._data, self.data_cfg.image_size)
         d = self._data
         self.train_labels = d.train_y.numpy()
-        self.client_indices = partition_clients(self.train_labels, self.partition, self.seed)
+        self.client_indices, self.client_val_indices = hold_out_validation(
+            partition_clients(self.train_labels, self.partition, self.seed), self.partition.validation_fraction, self.seed)
         self.partition_counts = partition_table(self.train_labels, self.client_indices, d.num_classes)
         if self.strategy.uses_public_data:
             # FedDF/FedOV's protocol: the first half of the test set is unlabelled public
@@ -103,8 +106,9 @@ class Federation:
         else:
             self.public_x = None
 
-        def make_model(num_outputs: int):
-            return build_architecture(self.model_cfg.architecture, d.in_channels, d.input_size, num_outputs)
+        def make_model(num_outputs: int, architecture: Optional[str] = None):
+            return build_architecture(architecture or self.model_cfg.architecture, d.in_channels, d.input_size,
+                                      num_outputs)
 
         self.template = make_model(self.strategy.num_outputs(d.num_classes))
         self.device = torch.device("cuda" if resolve_accelerator(self.trainer_cfg) == "gpu" else "cpu")
@@ -114,11 +118,31 @@ class Federation:
         stacking = "vmap" if self.device.type == "cuda" else "loop"
         public_x = None if self.public_x is None else self.public_x.to(self.device)
         context = ServerContext(self.partition.num_clients, make_model, public_x,
-                                "gpu" if self.device.type == "cuda" else "cpu", self.seed)
+                                "gpu" if self.device.type == "cuda" else "cpu", self.seed,
+                                self.client_validation if self.partition.validation_fraction > 0 else None,
+                                str(self.run_dir), tuple(d.train_x.shape[1:]))
         self.strategy.setup(self.template, d.num_classes, self.optimizer, stacking, context)
         init_gen = torch.Generator().manual_seed(self.seed)
         self.state = self.strategy.initial_state(init_gen)
         self.sampler = torch.Generator().manual_seed(self.seed + 1)
+
+    def client_labels(self, client_id: int) -> np.ndarray:
+        """The labels client ``client_id`` trains on (a strategy uses their set and count):
+        from the client's own report when it runs elsewhere (Flower), else from the partition."""
+        reported = getattr(self, "reported_labels", None)
+        if reported is not None:
+            return reported[client_id]
+        return self.train_labels[self.client_indices[client_id]]
+
+    def use_reported_label_counts(self, counts: dict[int, np.ndarray]) -> None:
+        """Per-class sample counts reported by remote clients (no samples, only counts)."""
+        self.reported_labels = {k: np.repeat(np.arange(len(c)), c) for k, c in counts.items()}
+
+    def client_validation(self, client_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pooled validation splits of ``client_ids`` (ServerContext.client_validation)."""
+        indices = np.concatenate([self.client_val_indices[k] for k in client_ids] or [np.zeros(0, dtype=np.int64)])
+        index = torch.from_numpy(indices).to(self._data.train_x.device)
+        return self._data.train_x[index], self._data.train_y[index]
 
     # ---- checkpoint state ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -140,18 +164,24 @@ class Federation:
         self.sampler.set_state(ckpt["sampler_state"])
 
     # ---- the loop ------------------------------------------------------------------------
-    def fit(self, ckpt_path: Optional[str] = None) -> dict[str, Any]:
+    def fit(self, ckpt_path: Optional[str] = None, executor=None) -> dict[str, Any]:
+        """Run the rounds. ``executor`` trains the clients (``run(jobs, round, on_result)`` ->
+        (results, failures), and ``close()``): by default in this process or its workers;
+        fl_lightning.flower.FlowerExecutor sends them to Flower SuperNodes instead."""
         self.setup()
         if ckpt_path:
             self.load_state_dict(load_checkpoint(ckpt_path))
         d = self._data
-        executor = ClientExecutor(ClientContext(d.train_x, d.train_y, self.template, self.federation,
-                                                self.trainer_cfg, self.seed))
+        if executor is None:
+            executor = ClientExecutor(ClientContext(d.train_x, d.train_y, self.template, self.federation,
+                                                    self.trainer_cfg, self.seed))
         started = time.perf_counter()
         for cb in self.callbacks:
             cb.on_fit_start(self)
         try:
             for round_index in range(self.round + 1, self.federation.rounds + 1):
+                if self.strategy.is_finished(self.state):
+                    break
                 metrics = self.run_round(round_index, executor)
                 self.round = round_index
                 self.history.append(metrics)
@@ -167,51 +197,73 @@ class Federation:
 
     def run_round(self, round_index: int, executor: ClientExecutor) -> dict[str, Any]:
         t0 = time.perf_counter()
-        sampled = sample_clients(self.sampler, self.partition.num_clients, self.federation.client_fraction)
+        sampled = self.strategy.select_clients(self.state, self.sampler, self.partition.num_clients,
+                                               self.federation.client_fraction)
         bytes_down = bytes_up = 0
         # Optional first phase (FedDANE's global gradient), same clients, same executor.
+        failures: list = []
         first = self.strategy.gradient_phase(self.state, [k for k in sampled if len(self.client_indices[k])])
         if first is not None:
             first_jobs = [(task, self.client_indices[task.client_id]) for task in first]
-            first_results = executor.run(first_jobs, round_index)
-            self._check_finite(first_results, round_index)
+            first_results, failures = self._run_clients(executor, first_jobs, round_index)
             self.strategy.receive_gradients(first_results)
             bytes_down += sum(t.sent_bytes() for t, _ in first_jobs)
             bytes_up += sum(r.sent_bytes() for r in first_results)
+            sampled = [r.client_id for r in first_results]  # a client that failed phase one sits this round out
         jobs = []
         for k in sampled:
             indices = self.client_indices[k]
-            task = self.strategy.configure_client(self.state, k, self.train_labels[indices])
+            task = self.strategy.configure_client(self.state, k, self.client_labels(k))
             if task is not None:
                 jobs.append((task, indices))
-        results = executor.run(jobs, round_index, lambda result, done, total: [
+        results, second = self._run_clients(executor, jobs, round_index, lambda result, done, total: [
             cb.on_client_end(self, round_index, result, done, total) for cb in self.callbacks])
-        self._check_finite(results, round_index)
+        failures += second
         self.state, facts = self.strategy.aggregate(self.state, results)
         metrics: dict[str, Any] = {
             "round": round_index,
             "train/loss": float(np.mean([r.train_loss for r in results])) if results else float("nan"),
             "train/steps": int(sum(r.steps for r in results)),
             "clients": len(results),
+            "clients/failed": len(failures),
             # everything exchanged: SCAFFOLD's c down and delta c_i up (c_i itself stays with its
             # client), FIM-L-BFGS's gradient and Fisher up, FedDANE's two phases (ClientTask.sent_bytes)
             "bytes/down": int(bytes_down + sum(t.sent_bytes() for t, _ in jobs)),
             "bytes/up": int(bytes_up + sum(r.sent_bytes() for r in results)),
             **facts,
         }
+        if failures:
+            metrics["failures"] = "; ".join(f"client {f.client_id}: {f.reason}" for f in failures)
         metrics["time/train_s"] = time.perf_counter() - t0
         if self.should_evaluate(round_index):
             metrics.update(self.evaluate())
+            if self.partition.validation_fraction > 0:
+                metrics.update(self.evaluate("val"))
         metrics["time/round_s"] = time.perf_counter() - t0
         return metrics
 
-    def _check_finite(self, results, round_index: int) -> None:
-        diverged = [r.client_id for r in results if not all(torch.isfinite(t).all() for t in r.params.values())]
-        if diverged:
-            raise FloatingPointError(
-                f"round {round_index}: clients {diverged} returned non-finite parameters or gradients (training "
-                f"diverged); lower optimizer.lr (now {self.optimizer.lr}) or the algorithm's step size"
-            )
+    def _run_clients(self, executor: ClientExecutor, jobs, round_index: int, on_result=None):
+        """One client phase: failed clients are dropped and logged; with fewer than
+        ``federation.min_clients`` successes the phase is run again (``round_retries``
+        times, same clients and seeds), then the run stops with the failures listed."""
+        f = self.federation
+        needed = min(f.min_clients, len(jobs))
+        for attempt in range(f.round_retries + 1):
+            results, failures = executor.run(jobs, round_index, on_result)
+            for failure in failures:
+                print(f"round {round_index}: client {failure.client_id} dropped ({failure.reason})", file=sys.stderr)
+            if len(results) >= needed:
+                return results, failures
+            if attempt < f.round_retries:
+                print(f"round {round_index}: {len(results)} of {len(jobs)} clients succeeded, fewer than "
+                      f"federation.min_clients={f.min_clients}; retrying ({attempt + 1}/{f.round_retries})", file=sys.stderr)
+        hint = ("; training diverged: lower optimizer.lr (now {}) or the algorithm's step size".format(self.optimizer.lr)
+                if failures and all("non-finite" in x.reason for x in failures) else "")
+        error = FloatingPointError if hint else RoundFailedError  # FloatingPointError: every failure diverged
+        raise error(
+            f"round {round_index}: only {len(results)} of {len(jobs)} clients succeeded, fewer than "
+            f"federation.min_clients={f.min_clients}, after {f.round_retries + 1} attempt(s): "
+            + "; ".join(f"client {x.client_id}: {x.reason}" for x in failures) + hint)
 
     def should_evaluate(self, round_index: int) -> bool:
         """Every ``eval_every`` rounds, and every round of the final window, so that the
@@ -224,7 +276,10 @@ class Federation:
         """Accuracy of the global model (for FedOVA: argmax of the detectors, Eq. 3), in large
         batches with every detector at once."""
         self.setup()
-        x, y = (self._data.test_x, self._data.test_y) if split == "test" else (self._data.train_x, self._data.train_y)
+        if split == "val":  # every client's validation split (federated evaluation, pooled)
+            x, y = self.client_validation(range(self.partition.num_clients))
+        else:
+            x, y = (self._data.test_x, self._data.test_y) if split == "test" else (self._data.train_x, self._data.train_y)
         state = {k: v.to(self.device) for k, v in self.state.items()}
         accuracy = MulticlassAccuracy(num_classes=self._data.num_classes, average="micro").to(self.device)
         scores = []
@@ -256,6 +311,8 @@ class Federation:
             "torch_threads": torch.get_num_threads(),
             "workers": self.trainer_cfg.workers,
             "device": str(self.device),
+            "communication": self.strategy.communication_report(self.state, self.history),
+            "reproducibility": reproducibility_info(),
             "history": self.history,
         }
 

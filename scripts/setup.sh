@@ -9,7 +9,7 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-if ! .venv/bin/python -c "import fl_lightning, torch, lightning, jsonargparse, pytest, soundfile" 2>/dev/null; then
+if ! .venv/bin/python -c "import fl_lightning, torch, lightning, jsonargparse, pytest, soundfile, sqlalchemy, flwr" 2>/dev/null; then
   .venv/bin/pip install --disable-pip-version-check -q --upgrade pip
   .venv/bin/pip install --disable-pip-version-check -q -e ".[test]"
 fi

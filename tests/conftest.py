@@ -25,3 +25,9 @@ def tiny_args(run_dir, *extra):
         "--trainer.threads", "1", "--run.logger", "none", "--run.progress", "false",
         "--run.dir", str(run_dir), *extra,
     ]
+
+
+def outcome(summary):
+    """Everything a run computed, round by round (wall-clock times left out): equal outcomes
+    are equal runs."""
+    return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in summary["history"]]

@@ -25,6 +25,8 @@ _NORMALISATION = {
     "svhn": ((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
 }
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+# One sample's (C, H, W) as stored in the files.
+_SAMPLE_SHAPES = {"fashion_mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32), "svhn": (3, 32, 32)}
 
 
 @dataclass
@@ -54,6 +56,41 @@ class FederatedDataset:
 
 class DataNotFoundError(FileNotFoundError):
     pass
+
+
+class DataFormatError(ValueError):
+    """Data files that exist but do not hold the data set's shapes or labels."""
+
+
+def _root_note(root: Path) -> str:
+    """Why data.root cannot hold the files, when that is the reason."""
+    if not root.exists():
+        return f"data.root={str(root)!r} does not exist. "
+    if not root.is_dir():
+        return f"data.root={str(root)!r} is not a folder. "
+    if not any(root.iterdir()):
+        return f"data.root={str(root)!r} is empty. "
+    return ""
+
+
+def _checked(name: str, source: Path, train, test, num_classes: int = 10):
+    """The (images, labels) splits read from ``source``, refused with the file's folder
+    named when they are not the data set's: sample shape, one label per image, labels in range."""
+    expected = _SAMPLE_SHAPES[name]
+    for split, (images, labels) in (("training", train), ("test", test)):
+        if images.dim() != 4 or tuple(images.shape[1:]) != expected:
+            raise DataFormatError(f"{name}: the {split} images in {source} have shape {tuple(images.shape)}; "
+                                  f"expected (N, {', '.join(map(str, expected))})")
+        if len(images) == 0:
+            raise DataFormatError(f"{name}: {source} holds no {split} images")
+        if labels.dim() != 1 or len(labels) != len(images):
+            raise DataFormatError(f"{name}: {source} holds {len(images)} {split} images but labels of shape "
+                                  f"{tuple(labels.shape)}; expected ({len(images)},)")
+        low, high = int(labels.min()), int(labels.max())
+        if low < 0 or high >= num_classes:
+            raise DataFormatError(f"{name}: the {split} labels in {source} span {low}..{high}; "
+                                  f"expected 0..{num_classes - 1}")
+    return train, test
 
 
 def load_dataset(cfg: DataConfig) -> FederatedDataset:
@@ -112,11 +149,11 @@ def _load_mnist_like(cfg: DataConfig, root: Path):
         _unpack_idx_gz(Path(cfg.idx_gz_dir).expanduser(), root / folder / "raw", cfg)
     for candidate in _candidate_roots(cfg, root):
         if _has_idx_files(candidate / folder / "raw"):
-            return _mnist_tensors(cls, candidate, download=False)
+            return _mnist_tensors(cfg.name, cls, candidate, download=False)
     if cfg.download:
-        return _mnist_tensors(cls, root, download=True)
+        return _mnist_tensors(cfg.name, cls, root, download=True)
     raise DataNotFoundError(
-        f"{cfg.name}: no idx files under {[str(c / folder / 'raw') for c in _candidate_roots(cfg, root)]}. "
+        f"{cfg.name}: {_root_note(root)}No idx files under {[str(c / folder / 'raw') for c in _candidate_roots(cfg, root)]}. "
         f"Online: set data.download=true. Offline: put torchvision's layout under data.root "
         f"(or ${'FL_LIGHTNING_DATA'}), list a copy in data.offline_roots, or point data.idx_gz_dir at the "
         f"original *-ubyte.gz files (Fashion-MNIST: `apt-get install dataset-fashion-mnist`, "
@@ -124,10 +161,18 @@ def _load_mnist_like(cfg: DataConfig, root: Path):
     )
 
 
-def _mnist_tensors(cls, root: Path, download: bool):
-    train = cls(str(root), train=True, download=download)
-    test = cls(str(root), train=False, download=download)
-    return (train.data.unsqueeze(1), train.targets.long()), (test.data.unsqueeze(1), test.targets.long())
+def _mnist_tensors(name: str, cls, root: Path, download: bool):
+    source = root / cls.__name__ / "raw"
+    try:
+        train = cls(str(root), train=True, download=download)
+        test = cls(str(root), train=False, download=download)
+    except (RuntimeError, AssertionError, ValueError) as err:  # torchvision's idx reader on a malformed file
+        if download:
+            raise
+        raise DataFormatError(f"{name}: the idx files in {source} cannot be read ({type(err).__name__}: "
+                              f"{err}); a file is truncated or not an idx file of images/labels") from err
+    splits = [(ds.data.unsqueeze(1) if ds.data.dim() == 3 else ds.data, ds.targets.long()) for ds in (train, test)]
+    return _checked(name, source, *splits)
 
 
 def _has_idx_files(folder: Path) -> bool:
@@ -173,7 +218,7 @@ def _load_cifar10(cfg: DataConfig, root: Path):
     if cfg.download:
         return _cifar_tensors(cls, root, download=True)
     raise DataNotFoundError(
-        f"cifar10: no cifar-10-batches-py/ under {[str(c) for c in _candidate_roots(cfg, root)]}. "
+        f"cifar10: {_root_note(root)}No cifar-10-batches-py/ under {[str(c) for c in _candidate_roots(cfg, root)]}. "
         f"Online: set data.download=true. Offline: list a folder holding cifar-10-batches-py/ in data.offline_roots."
     )
 
@@ -183,9 +228,11 @@ def _cifar_tensors(cls, root: Path, download: bool):
     test = cls(str(root), train=False, download=download)
 
     def to_tensor(ds):
-        return torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(), torch.tensor(ds.targets, dtype=torch.long)
+        images = torch.from_numpy(ds.data)
+        images = images.permute(0, 3, 1, 2).contiguous() if images.dim() == 4 else images
+        return images, torch.tensor(ds.targets, dtype=torch.long)
 
-    return to_tensor(train), to_tensor(test)
+    return _checked("cifar10", root / "cifar-10-batches-py", to_tensor(train), to_tensor(test))
 
 
 def _load_svhn(cfg: DataConfig, root: Path):
@@ -210,7 +257,7 @@ def _load_svhn(cfg: DataConfig, root: Path):
     if cfg.download:
         return _svhn_tensors(cls, root / "SVHN", download=True)
     raise DataNotFoundError(
-        f"svhn: no {' and '.join(files)} under {[str(c / 'SVHN') for c in _candidate_roots(cfg, root)]}. "
+        f"svhn: {_root_note(root)}No {' and '.join(files)} under {[str(c / 'SVHN') for c in _candidate_roots(cfg, root)]}. "
         f"Online: set data.download=true. Offline: put torchvision's SVHN files in an SVHN/ folder of data.root "
         f"or of one of data.offline_roots."
     )
@@ -221,7 +268,7 @@ def _svhn_tensors(cls, folder: Path, download: bool):
         ds = cls(str(folder), split=name, download=download)  # labels already 0-9 (torchvision maps 10 -> 0)
         return torch.from_numpy(ds.data).contiguous(), torch.from_numpy(ds.labels).long()
 
-    return split("train"), split("test")
+    return _checked("svhn", folder, split("train"), split("test"))
 
 
 def synthetic_dataset(train_size: int, num_classes: int = 10, image_size: int = 28, seed: int = 0) -> FederatedDataset:

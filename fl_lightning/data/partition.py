@@ -81,6 +81,28 @@ def num_labels(labels: np.ndarray, num_clients: int, labels_per_client: int, rng
     return [np.sort(np.concatenate(p)) for p in parts]
 
 
+def label_groups(labels: np.ndarray, num_clients: int, labels_per_client: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """ATHENA-FL's non-IID scenarios (Section 5.2; Problem Formulation 4.1: clients of one
+    cluster hold the same classes): the n classes are cut into n/l disjoint groups of l
+    consecutive classes ({0,1}, {2,3}, ... for l = 2), client k belongs to group k mod (n/l),
+    and each class is split equally over the clients of its group. The true clusters are
+    then known: the groups."""
+    classes = np.unique(labels)
+    n, l = len(classes), labels_per_client
+    if not 1 <= l <= n or n % l:
+        raise ValueError(f"label_groups needs partition.labels_per_client={l} to divide the {n} classes")
+    num_groups = n // l
+    if num_clients < num_groups:
+        raise ValueError(f"label_groups needs partition.num_clients={num_clients} >= {num_groups} groups")
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for g in range(num_groups):
+        members = list(range(g, num_clients, num_groups))
+        for c in classes[g * l:(g + 1) * l]:
+            for k, split in zip(members, np.array_split(rng.permutation(np.flatnonzero(labels == c)), len(members))):
+                parts[k].append(split)
+    return [np.sort(np.concatenate(p)) for p in parts]
+
+
 def dirichlet(labels: np.ndarray, num_clients: int, beta: float, min_samples: int, rng: np.random.Generator,
               max_attempts: int = 1000) -> list[np.ndarray]:
     """NIID-Bench's Dir(beta) label skew: per class, proportions drawn from Dir(beta) over
@@ -103,7 +125,8 @@ def dirichlet(labels: np.ndarray, num_clients: int, beta: float, min_samples: in
                 b.extend(split.tolist())
         if min(len(b) for b in batches) >= min_samples:
             return [np.sort(np.asarray(b, dtype=np.int64)) for b in batches]
-    raise RuntimeError(f"dirichlet: no draw gave every client {min_samples} samples in {max_attempts} attempts")
+    raise ValueError(f"dirichlet: no draw gave every client partition.min_samples={min_samples} samples in "
+                     f"{max_attempts} attempts; lower min_samples or raise partition.dirichlet_beta={beta}")
 
 
 def partition_clients(labels, cfg: PartitionConfig, seed: int) -> list[np.ndarray]:
@@ -120,6 +143,8 @@ def partition_clients(labels, cfg: PartitionConfig, seed: int) -> list[np.ndarra
         clients = non_iid_l(labels, cfg.num_clients, cfg.labels_per_client, rng)
     elif cfg.scheme == "num_labels":
         clients = num_labels(labels, cfg.num_clients, cfg.labels_per_client, rng)
+    elif cfg.scheme == "label_groups":
+        clients = label_groups(labels, cfg.num_clients, cfg.labels_per_client, rng)
     elif cfg.scheme == "dirichlet":
         clients = dirichlet(labels, cfg.num_clients, cfg.dirichlet_beta, cfg.min_samples, rng)
     else:  # pragma: no cover
@@ -128,6 +153,13 @@ def partition_clients(labels, cfg: PartitionConfig, seed: int) -> list[np.ndarra
         raise ValueError(f"partition.share_fraction={cfg.share_fraction} must be >= 0")
     if cfg.share_fraction > 0:
         clients = add_shared_subset(clients, len(labels), cfg.share_fraction, rng)
+    empty = [k for k, c in enumerate(clients) if len(c) == 0]
+    if empty:
+        raise ValueError(
+            f"partition.scheme={cfg.scheme} leaves {len(empty)} of {cfg.num_clients} clients with no samples "
+            f"(clients {empty[:10]}{' ...' if len(empty) > 10 else ''}); every client needs data: use fewer "
+            f"partition.num_clients" + (", a larger partition.min_samples or dirichlet_beta" if cfg.scheme == "dirichlet" else "")
+        )
     return [c.astype(np.int64) for c in clients]
 
 

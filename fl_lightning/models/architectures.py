@@ -10,6 +10,8 @@ from typing import Callable
 
 from torch import nn
 
+from fl_lightning.models.mobilenets import AthenaDetectorCNN, MobileNet, MobileNetV2
+
 
 class FashionCNN(nn.Module):
     """FedOVA's Fashion-MNIST CNN (Section IV-A): two 5x5 conv layers with 16 and 32
@@ -142,7 +144,9 @@ class LogisticRegression(nn.Module):
 
 
 ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {"fashion_cnn": FashionCNN, "vgg11": VGG11, "kws_cnn": KWSCNN,
-                                                      "simple_cnn": SimpleCNN, "logistic": LogisticRegression}
+                                                      "simple_cnn": SimpleCNN, "logistic": LogisticRegression,
+                                                      "athena_cnn": AthenaDetectorCNN, "mobilenet": MobileNet,
+                                                      "mobilenet_v2": MobileNetV2}
 
 
 def build_architecture(name: str, in_channels: int, image_size: int | tuple[int, int], num_outputs: int) -> nn.Module:

@@ -1,3 +1,4 @@
+from fl_lightning.strategies.athena import AthenaFL
 from fl_lightning.strategies.base import ClientResult, ClientTask, ServerContext, State, Strategy
 from fl_lightning.strategies.fedavg import FedAvg
 from fl_lightning.strategies.feddane import FedDANE
@@ -9,5 +10,5 @@ from fl_lightning.strategies.fedprox import FedProx
 from fl_lightning.strategies.scaffold import SCAFFOLD
 from fl_lightning.strategies.voting import CloseSetVoting, FedOV
 
-__all__ = ["ClientResult", "ClientTask", "CloseSetVoting", "FIMLBFGS", "FedAvg", "FedDANE", "FedDF", "FedNova", "FedOV",
+__all__ = ["AthenaFL", "ClientResult", "ClientTask", "CloseSetVoting", "FIMLBFGS", "FedAvg", "FedDANE", "FedDF", "FedNova", "FedOV",
            "FedOVA", "FedOVAFIMLBFGS", "FedProx", "SCAFFOLD", "ServerContext", "State", "Strategy"]

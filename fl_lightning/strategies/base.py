@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -18,6 +18,14 @@ from torch import Tensor, nn
 from fl_lightning.config import OptimizerConfig
 
 State = dict[str, Tensor]
+
+
+def sample_clients(generator: torch.Generator, num_clients: int, fraction: float) -> list[int]:
+    """max(1, round(C*K)) distinct clients of ``num_clients``, from the sampler's own generator."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"federation.client_fraction={fraction} must lie in (0, 1]")
+    m = max(1, int(round(fraction * num_clients)))
+    return sorted(torch.randperm(num_clients, generator=generator)[:m].tolist())
 
 
 @dataclass
@@ -50,6 +58,13 @@ class ClientTask:
     # True when the client still holds ``params`` from this round's gradient phase (FedDANE's
     # second phase): they are not sent, so not counted, again.
     params_cached: bool = False
+    # "classifier": an architecture to train instead of the run's (ATHENA-FL's multi-class
+    # probe while the run's architecture is a detector); its code ships with the client, so
+    # only ``params`` count as sent.
+    network: Optional[nn.Module] = None
+    epochs: Optional[int] = None  # local epochs instead of federation.local_epochs
+    # upload only these parameters (ATHENA-FL's probe: the last layer); None: all of them
+    upload: Optional[tuple[str, ...]] = None
 
     def sent_bytes(self) -> int:
         """What the server sends for this task: the parameters (unless the client holds them
@@ -84,10 +99,16 @@ class ServerContext:
     declare ``uses_public_data`` (the first half of the test set, as in FedDF and FedOV)."""
 
     num_clients: int = 1
-    make_model: Optional[Callable[[int], nn.Module]] = None
+    make_model: Optional[Callable[..., nn.Module]] = None
     public_x: Optional[Tensor] = None
     accelerator: str = "cpu"
     seed: int = 0
+    #: the pooled local validation splits (x, y) of the given clients: in a deployment each
+    #: client evaluates on its own split and reports correct/total, which sums to the same
+    #: accuracy (partition.validation_fraction > 0; otherwise None)
+    client_validation: Optional[Callable[[Sequence[int]], tuple[Tensor, Tensor]]] = None
+    run_dir: str = "."
+    input_shape: tuple[int, ...] = ()  # one sample's (C, H, W)
 
 
 class Strategy(ABC):
@@ -149,6 +170,22 @@ class Strategy(ABC):
 
     def receive_gradients(self, results: list[ClientResult]) -> None:
         """The results of ``gradient_phase``'s tasks, before this round's ``configure_client``."""
+
+    def select_clients(self, state: State, generator: torch.Generator, num_clients: int, fraction: float) -> list[int]:
+        """K_t, the clients of this round: max(1, round(C*K)) distinct clients drawn from
+        ``generator`` (the run's sampler, checkpointed with the state)."""
+        return sample_clients(generator, num_clients, fraction)
+
+    def is_finished(self, state: State) -> bool:
+        """True ends the run before federation.rounds (ATHENA-FL: every detector converged)."""
+        return False
+
+    def communication_report(self, state: State, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """Rounds to convergence and the bytes they cost (ATHENA-FL Eq. 6 for one multi-class
+        model: B = T x E[e]); fl_lightning.convergence has the criterion."""
+        from fl_lightning.convergence import multiclass_communication
+
+        return multiclass_communication(self.state_num_bytes(state), history)
 
     def state_num_bytes(self, state: State) -> int:
         return sum(t.numel() * t.element_size() for t in state.values())

@@ -1,0 +1,5 @@
+"""Errors the CLI answers with one line and exit status 1 (besides ValueError/OSError)."""
+
+
+class RoundFailedError(RuntimeError):
+    """Fewer clients than federation.min_clients succeeded in a round, after its retries."""

@@ -1,0 +1,103 @@
+"""The Flower ``ServerApp``: fl_lightning's own federated loop (fl_lightning.federation),
+whose client phase goes to the SuperNodes through Flower's Grid instead of local workers.
+
+Run config (``flwr run --run-config``): ``config`` (the run's YAML, as for
+``python -m fl_lightning fit``), ``overrides`` (extra command-line settings, one string),
+``wait-nodes-s`` (how long to wait for every SuperNode to connect), ``cwd`` (the folder
+relative paths in the config resolve against)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from fl_lightning.client import ClientFailure
+from fl_lightning.flower.codec import decode_reply, encode_task
+
+app = ServerApp()
+
+
+class FlowerExecutor:
+    """Sends a round's client tasks to the SuperNodes of those clients and collects the
+    replies. A client whose reply is an error, a reported failure or missing after
+    ``timeout`` seconds (disconnected, killed, too slow) becomes a ``ClientFailure``."""
+
+    def __init__(self, grid: Grid, num_clients: int, timeout: Optional[float], wait_s: float = 300.0) -> None:
+        self.grid, self.timeout = grid, timeout
+        deadline = time.monotonic() + wait_s
+        while len(list(grid.get_node_ids())) < num_clients:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(list(grid.get_node_ids()))} of partition.num_clients={num_clients} "
+                                   f"SuperNodes connected within {wait_s:g} s")
+            time.sleep(0.2)
+        nodes = sorted(grid.get_node_ids())
+        replies = grid.send_and_receive([Message(content=RecordDict({"ask": ConfigRecord({"what": "describe"})}),
+                                                 message_type=MessageType.QUERY, dst_node_id=n) for n in nodes],
+                                        timeout=wait_s)
+        self.node_of: dict[int, int] = {}
+        self.label_counts: dict[int, np.ndarray] = {}
+        for reply in replies:
+            if reply.has_error():
+                raise RuntimeError(f"SuperNode {reply.metadata.src_node_id} failed to describe itself: {reply.error.reason}")
+            record = reply.content["client"]
+            k = int(record["client_id"])
+            if k in self.node_of:
+                raise ValueError(f"two SuperNodes claim partition-id={k}")
+            self.node_of[k] = reply.metadata.src_node_id
+            self.label_counts[k] = np.asarray(record["label_counts"], dtype=np.int64)
+        missing = sorted(set(range(num_clients)) - set(self.node_of))
+        if missing:
+            raise ValueError(f"no SuperNode serves partition-id {missing} (of partition.num_clients={num_clients})")
+
+    def run(self, jobs: Sequence, round_index: int, on_result: Optional[Callable] = None):
+        messages = [Message(content=encode_task(task, round_index), message_type=MessageType.TRAIN,
+                            dst_node_id=self.node_of[task.client_id]) for task, _ in jobs]
+        replies = {}
+        for reply in self.grid.send_and_receive(messages, timeout=self.timeout):
+            replies[reply.metadata.src_node_id] = reply
+        results, failures = [], []
+        for task, _ in jobs:
+            reply = replies.get(self.node_of[task.client_id])
+            if reply is None:
+                failures.append(ClientFailure(task.client_id, f"no reply within federation.client_timeout="
+                                                               f"{self.timeout} s (disconnected or too slow)"))
+                continue
+            if reply.has_error():
+                failures.append(ClientFailure(task.client_id, f"Flower error: {reply.error.reason}"))
+                continue
+            result, reason = decode_reply(reply.content)
+            if result is None:
+                failures.append(ClientFailure(task.client_id, reason))
+                continue
+            results.append(result)
+            if on_result is not None:
+                on_result(result, len(results) + len(failures), len(jobs))
+        return results, failures
+
+    def close(self) -> None:
+        pass
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    from fl_lightning.cli import build_federation
+
+    import os
+
+    if context.run_config.get("cwd"):  # where `flwr run` was started: relative paths resolve there
+        os.chdir(str(context.run_config["cwd"]))
+    config = str(context.run_config["config"])
+    overrides = shlex.split(str(context.run_config.get("overrides", "")))
+    _, _, federation = build_federation(["fit", "--config", config, *overrides])
+    federation.setup()
+    executor = FlowerExecutor(grid, federation.partition.num_clients, federation.federation.client_timeout,
+                              float(context.run_config.get("wait-nodes-s", 300)))
+    federation.use_reported_label_counts(executor.label_counts)
+    summary = federation.fit(executor=executor)
+    print(f"final accuracy {summary['final_accuracy']}; summary: {federation.run_dir}/summary.json", file=sys.stderr)

@@ -1,0 +1,278 @@
+"""ATHENA-FL: the label-group partition, DBSCAN clustering, the detector database,
+composition, the convergence criterion, and the strategy end to end on synthetic data."""
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from fl_lightning.cli import main
+from fl_lightning.clustering import DBSCANClustering, auto_eps, label_set_ids
+from fl_lightning.composition import OneVsAllModel, choose_detectors
+from fl_lightning.config import OptimizerConfig, PartitionConfig
+from fl_lightning.convergence import convergence_index, has_converged, multiclass_communication
+from fl_lightning.data.partition import partition_clients
+from fl_lightning.data.preprocess import hold_out_validation
+from fl_lightning.detector_db import DetectorDatabase, DetectorRecord
+from fl_lightning.models import AthenaDetectorCNN, MobileNet, last_layer_names
+from fl_lightning.strategies import AthenaFL, ServerContext
+from fl_lightning.strategies.athena import CLIENT_CLUSTER, CONVERGED_ROUND, DET, DET_CLASS, DET_CLUSTER
+from fl_lightning.strategies.base import ClientResult
+from tests.conftest import tiny_args
+
+
+def athena_args(run_dir, *extra):
+    return tiny_args(run_dir, "--algorithm", "AthenaFL", "--algorithm.probe_architecture", "simple_cnn",
+                     "--partition.scheme", "label_groups", "--partition.validation_fraction", "0.1",
+                     "--data.image_size", "32", "--model.architecture", "athena_cnn",
+                     "--optimizer.name", "adam", "--optimizer.lr", "0.001", *extra)
+
+
+# ---- partition and validation split -----------------------------------------------------
+
+@pytest.mark.parametrize("l", [2, 5])
+def test_label_groups_gives_each_client_exactly_its_groups_l_classes(l):
+    labels = np.repeat(np.arange(10), 50)
+    clients = partition_clients(labels, PartitionConfig(scheme="label_groups", num_clients=20, labels_per_client=l), 0)
+    groups = 10 // l
+    for k, idx in enumerate(clients):
+        g = k % groups
+        assert sorted(set(labels[idx].tolist())) == list(range(g * l, (g + 1) * l))
+    assert sorted(np.concatenate(clients).tolist()) == list(range(len(labels)))  # every sample exactly once
+
+
+def test_label_groups_rejects_l_that_does_not_divide_the_classes():
+    with pytest.raises(ValueError, match="labels_per_client=3"):
+        partition_clients(np.repeat(np.arange(10), 5), PartitionConfig(scheme="label_groups", num_clients=10,
+                                                                       labels_per_client=3), 0)
+
+
+def test_validation_split_is_disjoint_and_of_the_asked_size():
+    clients = [np.arange(0, 100), np.arange(100, 130)]
+    train, val = hold_out_validation(clients, 0.1, seed=3)
+    for c, t, v in zip(clients, train, val):
+        assert len(v) == round(0.1 * len(c)) and not set(t) & set(v) and sorted([*t, *v]) == c.tolist()
+
+
+# ---- clustering --------------------------------------------------------------------------
+
+def _three_groups(rng, per_group=5, dim=20):
+    centres = rng.normal(size=(3, dim)) * 5
+    vectors = np.vstack([c + 0.05 * rng.normal(size=(per_group, dim)) for c in centres])
+    return vectors, np.repeat(np.arange(3), per_group)
+
+
+@pytest.mark.parametrize("scaling", ["l2", "standard", "none"])
+def test_dbscan_with_auto_eps_recovers_separated_groups(scaling):
+    vectors, truth = _three_groups(np.random.default_rng(0))
+    labels, facts = DBSCANClustering(scaling=scaling).fit(vectors)
+    assert labels.tolist() == truth.tolist() and facts["noise_clients"] == 0
+
+
+def test_noise_points_become_singletons_or_join_the_nearest_cluster():
+    vectors, _ = _three_groups(np.random.default_rng(1))
+    vectors = np.vstack([vectors, vectors[0] + 0.3])  # near group 0, but outside a tight eps
+    single, facts = DBSCANClustering(eps=0.01, scaling="none").fit(vectors)
+    assert facts["noise_clients"] >= 1 and single[-1] == single.max() and (single == single[-1]).sum() == 1
+    nearest, _ = DBSCANClustering(eps=0.5, scaling="none", noise="nearest").fit(vectors)
+    assert nearest[-1] == nearest[0]
+
+
+def test_auto_eps_puts_clients_without_group_structure_in_one_cluster():
+    vectors = np.random.default_rng(2).normal(size=(12, 50))  # IID-like: all distances alike
+    labels, _ = DBSCANClustering().fit(vectors)
+    assert set(labels.tolist()) == {0}
+    assert auto_eps(DBSCANClustering().scale(vectors)) > 0
+
+
+def test_new_client_joins_its_nearest_group_or_opens_a_new_one():
+    vectors, truth = _three_groups(np.random.default_rng(3))
+    clustering = DBSCANClustering(scaling="none")
+    labels, _ = clustering.fit(vectors)
+    assert clustering.assign(vectors, labels, vectors[7] + 0.01) == labels[7]
+    assert clustering.assign(vectors, labels, vectors[0] * 0 + 1000.0) == labels.max() + 1
+
+
+def test_label_set_ids_group_equal_label_sets():
+    assert label_set_ids([(0, 1), (2, 3), (1, 0), (2, 3), (4,)]).tolist() == [0, 1, 0, 1, 2]
+
+
+# ---- convergence -------------------------------------------------------------------------
+
+def test_convergence_is_the_first_evaluation_within_tol_of_the_previous():
+    assert not has_converged(None, 0.5)
+    assert has_converged(0.5, 0.5) and not has_converged(0.5, 0.5001)
+    assert convergence_index([0.1, 0.5, 0.6, 0.6, 0.7]) == 3
+    assert convergence_index([0.1, 0.2, 0.3]) is None
+    history = [{"round": r, "bytes/down": 10, "bytes/up": 5, "test/accuracy": a}
+               for r, a in zip((1, 2, 3, 4), (0.2, 0.4, 0.4, 0.5))]
+    report = multiclass_communication(100, history)
+    assert report["rounds_to_convergence"] == 3 and report["bytes_per_client_eq"] == 300
+    assert report["bytes_measured_to_convergence"] == 45
+
+
+# ---- detector database and composition ----------------------------------------------------
+
+def _record(cluster, label, value, classes=(0, 1), acc=0.9, run="r"):
+    return DetectorRecord(run=run, cluster=cluster, class_label=label, round=3, converged=True, val_accuracy=acc,
+                          val_samples=10, cluster_classes=classes, architecture="logistic", in_channels=1,
+                          image_size=4, params={"head.weight": torch.full((1, 16), float(value)),
+                                                "head.bias": torch.tensor([float(value)])})
+
+
+def test_database_round_trip_upsert_and_atomic_batches(tmp_path):
+    db = DetectorDatabase(f"sqlite:///{tmp_path / 'd.sqlite'}")
+    db.put([_record(0, 0, 1.0), _record(0, 1, 2.0)])
+    db.put([_record(0, 1, 3.0)])  # a newer version replaces the old one
+    loaded = db.load()
+    assert [(r.cluster, r.class_label) for r in loaded] == [(0, 0), (0, 1)]
+    torch.testing.assert_close(loaded[1].params["head.weight"], torch.full((1, 16), 3.0))
+    assert loaded[0].byte_size == 17 * 4 and loaded[0].cluster_classes == (0, 1)
+    broken = _record(1, 2, 5.0)
+    broken.class_label = None  # violates NOT NULL: the whole batch must roll back
+    with pytest.raises(Exception):
+        db.put([_record(1, 3, 4.0), broken])
+    assert [(r.cluster, r.class_label) for r in db.load()] == [(0, 0), (0, 1)]
+
+
+def test_database_url_that_cannot_be_opened_names_the_url(tmp_path):
+    with pytest.raises(ValueError, match="nowhere/at/all"):
+        DetectorDatabase(f"sqlite:///{tmp_path}/nowhere/at/all/d.sqlite")
+    with pytest.raises(ValueError, match="cannot be opened"):
+        DetectorDatabase("nosuchdialect://host/db")
+
+
+def test_composition_criteria_pick_the_documented_detectors():
+    c = [SimpleNamespace(class_label=0, cluster=0, cluster_classes=(0, 1), val_accuracy=0.99),
+         SimpleNamespace(class_label=0, cluster=1, cluster_classes=(0, 1, 2, 3, 4), val_accuracy=0.90),
+         SimpleNamespace(class_label=1, cluster=0, cluster_classes=(0, 1), val_accuracy=0.80),
+         SimpleNamespace(class_label=1, cluster=2, cluster_classes=(1, 5), val_accuracy=0.85)]
+    assert choose_detectors(c, "most_classes") == [1, 3]  # class 1: tie on size, better accuracy
+    assert choose_detectors(c, "val_accuracy") == [0, 3]
+    assert choose_detectors(c, "ensemble") == [0, 1, 2, 3]
+
+
+def test_one_vs_all_model_averages_probabilities_per_class_and_skips_missing_classes():
+    template = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2, 1))
+    stacked = {"1.weight": torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]], [[1.0, 1.0]]]),
+               "1.bias": torch.zeros(3, 1)}
+    model = OneVsAllModel(template, stacked, [0, 0, 2], num_classes=3)
+    x = torch.tensor([[[2.0, -1.0]]])
+    expected = torch.tensor([[(torch.sigmoid(torch.tensor(2.0)) + torch.sigmoid(torch.tensor(-1.0))) / 2, -1.0,
+                              torch.sigmoid(torch.tensor(1.0))]])
+    torch.testing.assert_close(model(x), expected)
+
+
+# ---- networks ------------------------------------------------------------------------------
+
+def test_athena_networks_sizes_and_last_layer():
+    detector = AthenaDetectorCNN(1, 32, 1)
+    assert sum(p.numel() for p in detector.parameters()) == 130945  # 524 kB in float32
+    mobilenet = MobileNet(1, 32, 10)
+    assert last_layer_names(mobilenet) == ["head.weight", "head.bias"]
+    assert sum(mobilenet.state_dict()[n].numel() for n in last_layer_names(mobilenet)) * 4 == 41000
+    assert mobilenet(torch.zeros(2, 1, 32, 32)).shape == (2, 10)
+    with pytest.raises(ValueError, match="data.image_size"):
+        AthenaDetectorCNN(1, 28, 1)
+
+
+# ---- the strategy --------------------------------------------------------------------------
+
+def _strategy_with_two_clusters(tmp_path):
+    from fl_lightning.models import build_architecture
+
+    template = build_architecture("logistic", 1, 4, 1)
+    context = ServerContext(num_clients=4, make_model=lambda n, a=None: build_architecture("logistic", 1, 4, n),
+                            client_validation=lambda ids: (torch.zeros(0, 1, 4, 4), torch.zeros(0, dtype=torch.long)),
+                            run_dir=str(tmp_path), input_shape=(1, 4, 4))
+    strategy = AthenaFL(probe_architecture="simple_cnn")
+    strategy.setup(template, 4, OptimizerConfig(), "loop", context)
+    state = strategy.initial_state(torch.Generator().manual_seed(0))
+    state[CLIENT_CLUSTER] = torch.tensor([0, 0, 1, 1])
+    state[DET_CLUSTER], state[DET_CLASS] = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 2, 3])
+    for name, p in template.named_parameters():
+        state[DET + name] = torch.zeros((4, *p.shape))
+    for key in ("athena.val_accuracy", "athena.prev_val_accuracy"):
+        state[key] = torch.full((4,), float("nan"), dtype=torch.float64)
+    for key in (CONVERGED_ROUND, "athena.val_samples", "athena.stable_rounds"):
+        state[key] = torch.zeros(4, dtype=torch.long)
+    return strategy, state
+
+
+def test_detectors_are_averaged_within_their_cluster_weighted_by_samples(tmp_path):
+    strategy, state = _strategy_with_two_clusters(tmp_path)
+    task = strategy.configure_client(state, 1, np.array([0, 1, 1]))
+    assert task.kind == "detectors" and task.classes == (0, 1)
+    w = lambda v: {"head.weight": torch.full((2, 1, 16), v), "head.bias": torch.full((2, 1), v)}
+    results = [ClientResult(0, w(1.0), 10, (0, 1)), ClientResult(1, w(4.0), 30, (0, 1))]
+    new, facts = strategy.aggregate(state, results)
+    torch.testing.assert_close(new[DET + "head.weight"][:2], torch.full((2, 1, 16), (10 * 1 + 30 * 4) / 40))
+    torch.testing.assert_close(new[DET + "head.weight"][2:], torch.zeros(2, 1, 16))  # other cluster untouched
+    assert facts["detectors/trained"] == 2
+
+
+def test_sampling_takes_a_fraction_of_every_active_cluster(tmp_path):
+    strategy, state = _strategy_with_two_clusters(tmp_path)
+    chosen = strategy.select_clients(state, torch.Generator().manual_seed(0), 4, 0.2)
+    assert len(chosen) == 2 and {c // 2 for c in chosen} == {0, 1}  # one client of each cluster
+    state[CONVERGED_ROUND] = torch.tensor([2, 2, 0, 0])  # cluster 0 is done
+    chosen = strategy.select_clients(state, torch.Generator().manual_seed(0), 4, 1.0)
+    assert chosen == [2, 3]
+    state[CONVERGED_ROUND] = torch.tensor([2, 2, 3, 3])
+    assert strategy.is_finished(state)
+
+
+def test_athena_run_clusters_trains_stores_and_composes_in_another_process(tmp_path):
+    run = tmp_path / "run"
+    summary = main(["fit", *athena_args(run, "--federation.rounds", "3")])
+    probe = summary["history"][0]
+    assert probe["clustering/ari"] == 1.0 and probe["clustering/clusters"] == 5
+    assert probe["bytes/up"] == 10 * probe["clustering/bytes_per_client"]  # only the last layers travel up
+    assert probe["clustering/bytes_per_client"] == (84 * 10 + 10) * 4
+    comm = summary["communication"]
+    assert comm["detectors"] == 10 and comm["detector_bytes"] == 130945 * 4
+    db = DetectorDatabase(f"sqlite:///{run / 'detectors.sqlite'}")
+    assert len(db.load()) == 10
+    # Step 6 from the database alone, in a separate process ...
+    out = tmp_path / "pred.pt"
+    done = subprocess.run([sys.executable, "-m", "fl_lightning", "compose", "--db_url",
+                           f"sqlite:///{run / 'detectors.sqlite'}", "--data.name", "synthetic",
+                           "--data.synthetic_size", "600", "--data.image_size", "32", "--output", str(out)],
+                          check=True, capture_output=True, text=True)
+    separate = torch.load(out, weights_only=True)["predictions"]
+    # ... equals the run's own composed model, rebuilt from its checkpoint in this process.
+    from fl_lightning.checkpoint import load_checkpoint
+    from fl_lightning.config import DataConfig
+    from fl_lightning.data import load_dataset
+    from fl_lightning.data.preprocess import resize_images
+    from fl_lightning.models import build_architecture
+
+    data = resize_images(load_dataset(DataConfig(name="synthetic", synthetic_size=600)), 32)
+    strategy = AthenaFL(probe_architecture="simple_cnn")
+    context = ServerContext(10, lambda n, a=None: build_architecture(a or "athena_cnn", 1, 32, n),
+                            client_validation=lambda ids: None, run_dir=str(tmp_path / "elsewhere"),
+                            input_shape=(1, 32, 32))
+    strategy.setup(build_architecture("athena_cnn", 1, 32, 1), 10, OptimizerConfig(), "loop", context)
+    state = load_checkpoint(run / "checkpoints" / "last.ckpt")["state"]
+    with torch.inference_mode():
+        own = strategy.predict_logits(state, data.test_x).argmax(1)
+    assert torch.equal(own, separate)
+    assert abs(json.loads(done.stdout)["accuracy"] - summary["last_accuracy"]) < 1e-6
+
+
+def test_athena_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    whole = main(["fit", *athena_args(tmp_path / "a", "--federation.rounds", "3", "--run.checkpoint_every", "1")])
+    main(["fit", *athena_args(tmp_path / "b", "--federation.rounds", "2", "--run.checkpoint_every", "1")])
+    resumed = main(["fit", *athena_args(tmp_path / "b", "--federation.rounds", "3"), "--ckpt_path",
+                    str(tmp_path / "b" / "checkpoints" / "last.ckpt")])
+    assert [m.get("test/accuracy") for m in whole["history"]] == [m.get("test/accuracy") for m in resumed["history"]]
+    assert whole["communication"] == {**resumed["communication"]}
+
+
+def test_athena_needs_a_validation_split(tmp_path):
+    with pytest.raises(ValueError, match="validation_fraction"):
+        main(["fit", *athena_args(tmp_path, "--partition.validation_fraction", "0")])
