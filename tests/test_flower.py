@@ -67,3 +67,35 @@ def test_flower_localhost_equals_in_process_and_drops_a_killed_client(tmp_path):
     last = summary["history"][-1]
     assert summary["rounds"] == 2 and last["clients"] == 2 and last["clients/failed"] == 1
     assert "client 2:" in last["failures"]
+
+
+def test_codec_round_trips_tasks_and_results_and_refuses_python_objects():
+    from fl_lightning.flower.codec import decode_reply, decode_task, encode_failure, encode_result, encode_task
+    from fl_lightning.strategies.base import ClientResult, ClientTask
+
+    task = ClientTask(4, "classifier", {"w": torch.randn(3, 2)}, (1, 7), prox_mu=0.01,
+                      control={"w": torch.ones(3, 2)}, client_control={"w": torch.zeros(3, 2)}, epochs=2)
+    back, round_index = decode_task(encode_task(task, 6))
+    assert round_index == 6 and back.classes == (1, 7) and back.prox_mu == 0.01 and back.epochs == 2
+    assert torch.equal(back.params["w"], task.params["w"]) and torch.equal(back.control["w"], task.control["w"])
+    assert back.global_gradient is None and back.optimizer == task.optimizer
+    result = ClientResult(4, {"w": torch.randn(3, 2)}, 12, (1, 7), 0.25, 9, {"w": torch.ones(3, 2)})
+    decoded, reason = decode_reply(encode_result(result))
+    assert reason is None and decoded.num_samples == 12 and torch.equal(decoded.params["w"], result.params["w"])
+    assert decode_reply(encode_failure(4, "disk full")) == (None, "disk full")
+    with pytest.raises(ValueError, match="in process"):
+        encode_task(ClientTask(0, "classifier", {}, network=torch.nn.Linear(1, 1)), 1)
+
+
+def test_run_settings_fall_back_to_the_environment_for_the_simulation_engine(monkeypatch):
+    from types import SimpleNamespace
+
+    from fl_lightning.flower.codec import run_setting
+
+    context = SimpleNamespace(run_config={"config": "a.yaml"})
+    monkeypatch.setenv("FL_LIGHTNING_FLOWER_OVERRIDES", "--federation.rounds 2")
+    assert run_setting(context, "config") == "a.yaml"
+    assert run_setting(context, "overrides") == "--federation.rounds 2"
+    assert run_setting(context, "wait-nodes-s", 300) == 300
+    with pytest.raises(ValueError, match="cwd"):
+        run_setting(context, "cwd")

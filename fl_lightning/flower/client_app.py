@@ -17,7 +17,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fl_lightning.flower.codec import decode_task, encode_failure, encode_result
+from fl_lightning.flower.codec import decode_task, encode_failure, encode_result, run_setting
 
 app = ClientApp()
 _LOCAL: dict = {}  # this process's own partition, loaded once
@@ -25,8 +25,8 @@ _LOCAL: dict = {}  # this process's own partition, loaded once
 
 def local_client(context: Context):
     """(client id, ClientContext over this client's samples only, their labels)."""
-    config = str(context.node_config.get("config", context.run_config["config"]))
-    overrides = str(context.node_config.get("overrides", context.run_config.get("overrides", "")))
+    config = str(context.node_config.get("config") or run_setting(context, "config"))
+    overrides = str(context.node_config.get("overrides") or run_setting(context, "overrides", ""))
     client_id = int(context.node_config["partition-id"])
     key = (config, overrides, client_id)
     if key not in _LOCAL:

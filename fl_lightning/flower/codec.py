@@ -18,6 +18,20 @@ _PLAIN_FIELDS = ("client_id", "kind", "classes", "stacking", "prox_mu", "num_cla
                  "epochs", "upload")
 
 
+def run_setting(context, key: str, default=None):
+    """A run-config value (``flwr run --run-config``), else the environment variable
+    FL_LIGHTNING_FLOWER_<KEY> (the simulation runner's way in: run_simulation takes no run
+    config), else ``default``."""
+    import os
+
+    value = context.run_config.get(key)
+    if value in (None, ""):
+        value = os.environ.get("FL_LIGHTNING_FLOWER_" + key.upper().replace("-", "_"), default)
+    if value is None:
+        raise ValueError(f"Flower run config lacks {key!r} (flwr run --run-config \"{key}='...'\")")
+    return value
+
+
 def _arrays(tensors: dict[str, torch.Tensor]) -> ArrayRecord:
     return ArrayRecord(torch_state_dict={k: v.detach().cpu().contiguous() for k, v in tensors.items()})
 

@@ -28,7 +28,8 @@ class LocalFederation:
 
     def __init__(self, clients: int, port: int = 19091, workdir: Optional[str] = None, threads: int = 1) -> None:
         self.clients, self.port, self.threads = clients, port, threads
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fl_lightning_flower_"))
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fl_lightning_flower_")).resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.home = self.workdir / "flwr_home"
         self.superlink: Optional[subprocess.Popen] = None
         self.supernodes: list[subprocess.Popen] = []
@@ -52,11 +53,28 @@ class LocalFederation:
         bin_dir = Path(sys.executable).parent
         self.superlink = self._spawn("superlink", [str(bin_dir / "flower-superlink"), "--insecure",
                                                    "--host", "127.0.0.1", "--port", str(self.port)])
+        self._wait_for_superlink(timeout=120)
         for k in range(self.clients):
             self.supernodes.append(self._spawn(f"supernode{k}", [
                 str(bin_dir / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.port}",
                 "--port", str(self.port + 10 + k), "--node-config", f"partition-id={k}"]))
         return self
+
+    def _wait_for_superlink(self, timeout: float) -> None:
+        """Until the SuperLink accepts connections (``flwr run`` before that fails at once)."""
+        import socket
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.superlink.poll() is not None:
+                raise RuntimeError(f"the SuperLink exited ({self.superlink.returncode}); see {self.workdir / 'superlink.log'}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the SuperLink did not listen on 127.0.0.1:{self.port} within {timeout:g} s")
+                time.sleep(0.2)
 
     def submit(self, config: str, overrides: str = "", wait_nodes_s: float = 120) -> subprocess.Popen:
         """``flwr run`` of the app with this run config, in the background; its log streams
@@ -108,12 +126,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     if shutil.which("flwr", path=str(Path(sys.executable).parent)) is None:
         parser.error("flwr is not installed in this environment: pip install 'flwr[simulation]==1.42.0'")
+    import shlex
+
+    from fl_lightning.cli import build_federation
+
+    _, _, planned = build_federation(["fit", "--config", args.config, *shlex.split(args.overrides)])
+    if planned.partition.num_clients != args.clients:
+        parser.error(f"--clients {args.clients} but the config's partition.num_clients is "
+                     f"{planned.partition.num_clients}: one SuperNode per client")
+    summary = Path(planned.run_dir).resolve() / "summary.json"
     with LocalFederation(args.clients, args.port, args.workdir, args.threads) as federation:
         print(f"SuperLink on 127.0.0.1:{args.port}, {args.clients} SuperNodes; logs in {federation.workdir}", flush=True)
-        started = time.perf_counter()
+        started = time.time()
         code = federation.run(args.config, args.overrides)
-        print(f"flwr run exited with {code} after {time.perf_counter() - started:.1f} s; "
-              f"log: {federation.workdir / 'run.log'}", flush=True)
+        elapsed = time.time() - started
+    # `flwr run --stream` exits 0 even when the ServerApp raised: a fresh summary.json is the proof.
+    if code == 0 and not (summary.is_file() and summary.stat().st_mtime >= started):
+        code = 1
+    print(f"run {'finished' if code == 0 else 'FAILED'} after {elapsed:.1f} s (summary: {summary}); "
+          f"log: {federation.workdir / 'run.log'}", flush=True)
     return code
 
 

@@ -18,7 +18,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fl_lightning.client import ClientFailure
-from fl_lightning.flower.codec import decode_reply, encode_task
+from fl_lightning.flower.codec import decode_reply, encode_task, run_setting
 
 app = ServerApp()
 
@@ -90,14 +90,14 @@ def main(grid: Grid, context: Context) -> None:
 
     import os
 
-    if context.run_config.get("cwd"):  # where `flwr run` was started: relative paths resolve there
-        os.chdir(str(context.run_config["cwd"]))
-    config = str(context.run_config["config"])
-    overrides = shlex.split(str(context.run_config.get("overrides", "")))
+    if run_setting(context, "cwd", ""):  # where `flwr run` was started: relative paths resolve there
+        os.chdir(str(run_setting(context, "cwd")))
+    config = str(run_setting(context, "config"))
+    overrides = shlex.split(str(run_setting(context, "overrides", "")))
     _, _, federation = build_federation(["fit", "--config", config, *overrides])
     federation.setup()
     executor = FlowerExecutor(grid, federation.partition.num_clients, federation.federation.client_timeout,
-                              float(context.run_config.get("wait-nodes-s", 300)))
+                              float(run_setting(context, "wait-nodes-s", 300)))
     federation.use_reported_label_counts(executor.label_counts)
     summary = federation.fit(executor=executor)
     print(f"final accuracy {summary['final_accuracy']}; summary: {federation.run_dir}/summary.json", file=sys.stderr)
