@@ -276,3 +276,17 @@ def test_athena_resumed_run_equals_an_uninterrupted_one(tmp_path):
 def test_athena_needs_a_validation_split(tmp_path):
     with pytest.raises(ValueError, match="validation_fraction"):
         main(["fit", *athena_args(tmp_path, "--partition.validation_fraction", "0")])
+
+
+def test_cluster_on_all_uploads_every_probe_parameter(tmp_path):
+    from fl_lightning.models import build_architecture
+
+    context = ServerContext(num_clients=2, make_model=lambda n, a=None: build_architecture(a or "logistic", 1, 32, n),
+                            client_validation=lambda ids: None, run_dir=str(tmp_path), input_shape=(1, 32, 32))
+    for on, expected in (("last_layer", ("head.2.weight", "head.2.bias")), ("all", None)):
+        strategy = AthenaFL(probe_architecture="simple_cnn", cluster_on=on)
+        strategy.setup(build_architecture("athena_cnn", 1, 32, 1), 10, OptimizerConfig(), "loop", context)
+        names = tuple(n for n, _ in strategy.probe.named_parameters())
+        assert strategy.upload_names == (expected or names)
+        task = strategy.configure_client(strategy.initial_state(torch.Generator().manual_seed(0)), 0, np.array([1, 2]))
+        assert task.upload == strategy.upload_names and task.kind == "classifier" and task.epochs == 1
