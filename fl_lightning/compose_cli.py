@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 from jsonargparse import ActionConfigFile, ArgumentParser
 
+from fl_lightning.composition import Criterion
 from fl_lightning.config import DataConfig
 
 
@@ -19,7 +20,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_argument("--db_url", type=str, required=True, help="the detector database (SQLAlchemy URL)")
     parser.add_argument("--run", type=Optional[str], default=None, help="only this run's detectors (default: all)")
-    parser.add_argument("--criterion", type=str, default="most_classes", help="most_classes | val_accuracy | ensemble")
+    parser.add_argument("--criterion", type=Criterion, default="most_classes",
+                        help="which detectors speak per class (fl_lightning.composition)")
     parser.add_argument("--converged_only", type=bool, default=False, help="skip detectors that never converged")
     parser.add_argument("--output", type=Optional[str], default=None, help="save the test predictions here (.pt)")
     parser.add_class_arguments(DataConfig, "data")

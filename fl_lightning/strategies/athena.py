@@ -102,7 +102,7 @@ class AthenaFL(Strategy):
         names = [n for n, _ in self.probe.named_parameters()]
         self.upload_names = tuple(last_layer_names(self.probe) if self.cluster_on == "last_layer" else names)
         self.run_name = str(self.context.run_dir)
-        self.database  # opened now: a URL that cannot be opened fails before any training
+        self._db = self._open_database()  # now: a URL that cannot be opened fails before any training
 
     def initial_state(self, generator: torch.Generator) -> State:
         (probe,) = self._fresh(generator, self.probe)
@@ -267,17 +267,14 @@ class AthenaFL(Strategy):
         self._composed = None
 
     # ---- Step 5: the detector database -------------------------------------------------
-    @property
-    def database(self):
-        if self._db is None:
-            from fl_lightning.detector_db import DetectorDatabase
+    def _open_database(self):
+        from fl_lightning.detector_db import DetectorDatabase
 
-            url = self.db_url
-            if url is None:
-                Path(self.context.run_dir).mkdir(parents=True, exist_ok=True)
-                url = f"sqlite:///{Path(self.context.run_dir) / 'detectors.sqlite'}"
-            self._db = DetectorDatabase(url)
-        return self._db
+        url = self.db_url
+        if url is None:
+            Path(self.context.run_dir).mkdir(parents=True, exist_ok=True)
+            url = f"sqlite:///{Path(self.context.run_dir) / 'detectors.sqlite'}"
+        return DetectorDatabase(url)
 
     def _write(self, state: State, rows: list[int]) -> None:
         from fl_lightning.detector_db import DetectorRecord
@@ -290,7 +287,7 @@ class AthenaFL(Strategy):
                 val_samples=d.val_samples, cluster_classes=d.cluster_classes, architecture=self.architecture_name,
                 in_channels=d.in_channels, image_size=d.image_size,
                 params={k[len(DET):]: v[row].clone() for k, v in state.items() if k.startswith(DET)}))
-        self.database.put(records)
+        self._db.put(records)
 
     @property
     def architecture_name(self) -> str:
