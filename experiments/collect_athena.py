@@ -22,6 +22,10 @@ def pct(x):
     return "—" if x is None else f"{100 * x:.1f}"
 
 
+def best(summary) -> str:
+    return pct(max(m["test/accuracy"] for m in summary["history"] if "test/accuracy" in m))
+
+
 def mb(x):
     return "—" if x is None else f"{x / 1e6:.2f}"
 
@@ -43,9 +47,10 @@ def main() -> None:
                     print(f"| {DATASETS[ds]} | {SETTINGS[s]} | {on} ({name}) | {p['clustering/clusters']} | "
                           f"{p['clustering/noise_clients']} | {p['clustering/ari']:.3f} | {up:,.0f} B | {saving:.2f} % |")
     print("\n## Accuracy and communication to convergence (seed 0)\n")
-    print("| data | partition | ATHENA-FL acc. % | detectors (converged) | E[e_dec] | B_ova / client (Eq. 5) | "
-          "FedAvg-MobileNet acc. % (rounds) | E[e_cmc] | B_cmc / client (Eq. 6) | economy | measured bytes ATHENA / FedAvg |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| data | partition | ATHENA-FL acc. % last (best) [rounds] | detectors (converged) | E[e_dec] | "
+          "B_ova / client (Eq. 5) | FedAvg-MobileNet acc. % last (best) [rounds] | E[e_cmc] | B_cmc / client (Eq. 6) | "
+          "economy | measured bytes ATHENA / FedAvg | wall time ATHENA / FedAvg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for ds in DATASETS:
         for s in SETTINGS:
             a, f = load(f"{ds}_{s}_athena"), load(f"{ds}_{s}_fedavg_mobilenet")
@@ -54,13 +59,14 @@ def main() -> None:
             row = [DATASETS[ds], SETTINGS[s]]
             if a:
                 c = a["communication"]
-                row += [pct(a["last_accuracy"]), f"{c['detectors']} ({c['detectors_converged']})",
+                row += [f"{pct(a['last_accuracy'])} ({best(a)}) [{a['rounds'] - 1}+1]",
+                        f"{c['detectors']} ({c['detectors_converged']})",
                         f"{c['expected_rounds_to_convergence']:.1f}", f"{mb(c['bytes_per_client_eq'])} MB"]
             else:
                 row += ["—"] * 4
             if f:
                 c = f["communication"]
-                row += [f"{pct(f['last_accuracy'])} ({f['rounds']})",
+                row += [f"{pct(f['last_accuracy'])} ({best(f)}) [{f['rounds']}]",
                         f"{c['rounds_to_convergence']}{'' if c['converged'] else ' (not converged)'}",
                         f"{mb(c['bytes_per_client_eq'])} MB"]
             else:
@@ -68,9 +74,10 @@ def main() -> None:
             if a and f:
                 economy = 1 - a["communication"]["bytes_per_client_eq"] / max(f["communication"]["bytes_per_client_eq"], 1)
                 row += [f"{100 * economy:.1f} %",
-                        f"{mb(a['communication']['bytes_measured_total'])} / {mb(f['bytes_total'])} MB"]
+                        f"{mb(a['communication']['bytes_measured_total'])} / {mb(f['bytes_total'])} MB",
+                        f"{a['wall_time_s']:.0f} / {f['wall_time_s']:.0f} s"]
             else:
-                row += ["—", "—"]
+                row += ["—", "—", "—"]
             print("| " + " | ".join(row) + " |")
 
 

@@ -222,6 +222,8 @@ def train_client(ctx: ClientContext, task: ClientTask, indices: np.ndarray, roun
 def _recording(step_fn, losses: list, keep: int):
     def step(batch, batch_idx):
         loss = step_fn(batch, batch_idx)
+        if loss is None:  # a skipped batch (Lightning makes no optimizer step)
+            return None
         losses.append(loss.detach())
         if len(losses) > keep:
             del losses[0]

@@ -290,3 +290,15 @@ def test_cluster_on_all_uploads_every_probe_parameter(tmp_path):
         assert strategy.upload_names == (expected or names)
         task = strategy.configure_client(strategy.initial_state(torch.Generator().manual_seed(0)), 0, np.array([1, 2]))
         assert task.upload == strategy.upload_names and task.kind == "classifier" and task.epochs == 1
+
+
+def test_batch_norm_networks_skip_a_lone_sample_batch_instead_of_failing():
+    from fl_lightning.modules import MultiClassClassifier
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.AdaptiveAvgPool2d(1),
+                              torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    module = MultiClassClassifier(net, OptimizerConfig())
+    assert module.training_step((torch.randn(1, 1, 8, 8), torch.tensor([0])), 0) is None
+    assert torch.isfinite(module.training_step((torch.randn(2, 1, 8, 8), torch.tensor([0, 1])), 0))
+    plain = MultiClassClassifier(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3)), OptimizerConfig())
+    assert plain.training_step((torch.randn(1, 1, 8, 8), torch.tensor([0])), 0) is not None  # nothing skipped without BN

@@ -36,6 +36,7 @@ class MultiClassClassifier(LocalLearner):
         # oneDNN convert every activation back and forth.
         self.network = network.to(memory_format=torch.channels_last)
         self.prox_mu = prox_mu
+        self._batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in network.modules())
         self._start = ([p.detach().clone() for p in self.network.parameters()]
                        if prox_mu > 0 or linear is not None else [])
         if control is not None:
@@ -54,6 +55,8 @@ class MultiClassClassifier(LocalLearner):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
+        if len(x) < 2 and self._batch_norm:
+            return None  # batch norm cannot normalise a lone sample: skip it, as drop_last would
         loss = F.cross_entropy(self(x).float(), y)
         if self.prox_mu > 0:
             distance = sum(((p - p0.to(p.device)) ** 2).sum() for p, p0 in zip(self.network.parameters(), self._start))
