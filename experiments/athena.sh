@@ -4,7 +4,9 @@
 # the convergence criterion) and FedAvg-MobileNet at MOBILENET_ROUNDS (paper: 200).
 # QUEUE=athena runs the ATHENA-FL runs, QUEUE=mobilenet the baselines, QUEUE=probe the
 # clustering-only runs on the last layer vs all weights (queues can share a 2-core machine,
-# one thread each); experiments/collect_athena.py tabulates them.
+# one thread each); experiments/collect_athena.py tabulates them. README's table: DATASETS="fmnist mnist",
+# SETTINGS "C2 C5" with the defaults, and FMNIST D05 with DET_ROUNDS=10 (CPU budget); the probe queue
+# with DATASETS=fmnist SETTINGS=C2.
 cd "$(dirname "$0")/.."
 DET_ROUNDS=${DET_ROUNDS:-20}
 MOBILENET_ROUNDS=${MOBILENET_ROUNDS:-15}
