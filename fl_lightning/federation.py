@@ -62,6 +62,7 @@ class Federation:
         self.callbacks = list(callbacks) if callbacks is not None else self.default_callbacks()
         self.round = 0
         self.history: list[dict[str, Any]] = []
+        self.reported_labels: Optional[dict[int, np.ndarray]] = None  # set when clients run elsewhere (Flower)
         self._data = None
 
     def _validate(self) -> None:
@@ -129,9 +130,8 @@ class Federation:
     def client_labels(self, client_id: int) -> np.ndarray:
         """The labels client ``client_id`` trains on (a strategy uses their set and count):
         from the client's own report when it runs elsewhere (Flower), else from the partition."""
-        reported = getattr(self, "reported_labels", None)
-        if reported is not None:
-            return reported[client_id]
+        if self.reported_labels is not None:
+            return self.reported_labels[client_id]
         return self.train_labels[self.client_indices[client_id]]
 
     def use_reported_label_counts(self, counts: dict[int, np.ndarray]) -> None:

@@ -39,7 +39,7 @@ from fl_lightning.composition import Criterion, compose
 from fl_lightning.convergence import DEFAULT_TOL, has_converged
 from fl_lightning.models import last_layer_names
 from fl_lightning.modules.stacking import StackedModel, stack_models
-from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy
+from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy, sample_clients
 
 PROBE, DET = "probe.", "detectors."
 CLIENT_CLUSTER, PROBE_VECTORS = "athena.client_cluster", "athena.probe_vectors"
@@ -138,14 +138,11 @@ class AthenaFL(Strategy):
     def select_clients(self, state, generator, num_clients, fraction) -> list[int]:
         if not self.clustered(state):
             return list(range(num_clients))  # Steps 1-2: every client trains the probe
-        if not 0 < fraction <= 1:
-            raise ValueError(f"federation.client_fraction={fraction} must lie in (0, 1]")
         active_clusters = set(state[DET_CLUSTER][self._active(state)].tolist())
         chosen = []
         for g in sorted(active_clusters):  # a fraction of each cluster's clients (Section 5)
             members = torch.nonzero(state[CLIENT_CLUSTER] == g).flatten()
-            m = max(1, int(round(fraction * len(members))))
-            chosen += members[torch.randperm(len(members), generator=generator)[:m]].tolist()
+            chosen += members[sample_clients(generator, len(members), fraction)].tolist()
         return sorted(chosen)
 
     def is_finished(self, state: State) -> bool:
