@@ -1,6 +1,6 @@
 #!/bin/bash
 # FedOV (ICLR 2023) on this CPU: Table 1/2 settings with E local epochs (paper: 200).
-# Runs one after the other, each with both cores (2 client workers). Results:
+# Runs one after the other, each with both cores (WORKERS=2 client workers, the default). Results:
 # runs/fedov/<name>/summary.json; experiments/collect_fedov.py makes the table.
 cd "$(dirname "$0")/.."
 E=${E:-20}
@@ -11,7 +11,8 @@ run() {  # name config extra-args...
   local name=$1 config=$2; shift 2
   [ -f $OUT/$name/summary.json ] && return  # done already: the script can be re-run after a stop
   .venv/bin/python -m fl_lightning fit --config $config --seed $SEED --federation.local_epochs $E \
-    --run.dir $OUT/$name --run.logger csv "$@" > $OUT/$name.log 2>&1 || echo "FAILED $name" >> $OUT/failed.txt
+    --trainer.workers ${WORKERS:-2} --run.dir $OUT/$name --run.logger csv "$@" > $OUT/$name.log 2>&1 \
+    || echo "FAILED $name" >> $OUT/failed.txt
 }
 C1="--partition.scheme num_labels --partition.labels_per_client 1"
 C2="--partition.scheme num_labels --partition.labels_per_client 2"
@@ -22,8 +23,10 @@ for data in mnist fmnist; do
     run ${data}_${part}_closeset configs/fedov_${data}.yaml ${!part} --algorithm CloseSetVoting
   done
 done
-run fmnist_D05_fedov configs/fedov_fmnist.yaml $D05
-run fmnist_D05_closeset configs/fedov_fmnist.yaml $D05 --algorithm CloseSetVoting
+for data in fmnist mnist; do
+  run ${data}_D05_fedov configs/fedov_${data}.yaml $D05
+  run ${data}_D05_closeset configs/fedov_${data}.yaml $D05 --algorithm CloseSetVoting
+done
 # Table 2 ablation on FMNIST #C=1: PROSER, PROSER + DD (FedOV and close-set above).
 run fmnist_C1_proser configs/fedov_fmnist.yaml $C1 --algorithm.destruction_weight 0 --algorithm.adversarial_weight 0
 run fmnist_C1_proser_dd configs/fedov_fmnist.yaml $C1 --algorithm.adversarial_weight 0

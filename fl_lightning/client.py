@@ -180,28 +180,18 @@ class ClientContext:
     federation: FederationConfig
     trainer: TrainerConfig
     seed: int
+    #: unlabelled public data the clients may use (FedKT's parties label it with their teachers)
+    public_x: Optional[Tensor] = None
 
 
-def train_client(ctx: ClientContext, task: ClientTask, indices: np.ndarray, round_index: int) -> ClientResult:
+def make_trainer(ctx: ClientContext, epochs: int, callbacks: Sequence = ()):
+    """A per-client Lightning Trainer: no logger, checkpoints or validation (the federated
+    loop does those), the run's accelerator and precision."""
     from lightning.pytorch import Trainer
 
-    seed = client_seed(ctx.seed, round_index, task.client_id)
-    torch.manual_seed(seed)
-    batches = ClientBatches(ctx.x, ctx.y, torch.from_numpy(indices), ctx.federation.batch_size,
-                            torch.Generator().manual_seed(seed))
-    module = build_module(task, ctx.template)
-    losses: list[Tensor] = []
-    module.training_step = _recording(module.training_step, losses, len(batches))
-    callbacks = []
-    if ctx.federation.client_timeout:
-        from lightning.pytorch.callbacks import Callback
-
-        deadline = _Deadline(ctx.federation.client_timeout)
-        callbacks.append(type("ClientDeadline", (Callback,), {
-            "on_train_batch_end": lambda self, *args, **kwargs: deadline.check()})())
-    trainer = Trainer(
-        callbacks=callbacks,
-        max_epochs=local_epochs(task, ctx.federation),
+    return Trainer(
+        callbacks=list(callbacks),
+        max_epochs=epochs,
         accelerator=resolve_accelerator(ctx.trainer),
         devices=1,
         precision=resolve_precision(ctx.trainer),
@@ -212,11 +202,59 @@ def train_client(ctx: ClientContext, task: ClientTask, indices: np.ndarray, roun
         num_sanity_val_steps=0,
         limit_val_batches=0,
     )
+
+
+def deadline_callbacks(ctx: ClientContext) -> list:
+    """federation.client_timeout as a Lightning callback (one deadline for all of a client's fits)."""
+    if not ctx.federation.client_timeout:
+        return []
+    from lightning.pytorch.callbacks import Callback
+
+    deadline = _Deadline(ctx.federation.client_timeout)
+    return [type("ClientDeadline", (Callback,), {
+        "on_train_batch_end": lambda self, *args, **kwargs: deadline.check()})()]
+
+
+def train_client(ctx: ClientContext, task: ClientTask, indices: np.ndarray, round_index: int) -> ClientResult:
+    seed = client_seed(ctx.seed, round_index, task.client_id)
+    torch.manual_seed(seed)
+    callbacks = deadline_callbacks(ctx)
+    if task.kind == "knowledge_transfer":
+        from fl_lightning.knowledge_transfer import train_party
+
+        return train_party(ctx, task, indices, seed, _classifier_fitter(ctx, task, callbacks))
+    batches = ClientBatches(ctx.x, ctx.y, torch.from_numpy(indices), ctx.federation.batch_size,
+                            torch.Generator().manual_seed(seed))
+    module = build_module(task, ctx.template)
+    steps, last_epoch = fit_module(ctx, module, batches, local_epochs(task, ctx.federation), callbacks)
+    params = extract_params(task, module)
+    return ClientResult(task.client_id, params, len(indices), task.classes, last_epoch, steps,
+                        extract_extras(task, module, params, steps))
+
+
+def fit_module(ctx: ClientContext, module, batches: ClientBatches, epochs: int, callbacks: Sequence = ()):
+    """Trains ``module`` for ``epochs``; (optimizer steps, mean loss of the last epoch)."""
+    losses: list[Tensor] = []
+    module.training_step = _recording(module.training_step, losses, len(batches))
+    trainer = make_trainer(ctx, epochs, callbacks)
     trainer.fit(module, train_dataloaders=batches)
     last_epoch = torch.stack(losses[-len(batches):]).mean().item() if losses else float("nan")
-    params = extract_params(task, module)
-    return ClientResult(task.client_id, params, len(indices), task.classes, last_epoch, trainer.global_step,
-                        extract_extras(task, module, params, trainer.global_step))
+    return trainer.global_step, last_epoch
+
+
+def _classifier_fitter(ctx: ClientContext, task: ClientTask, callbacks: Sequence):
+    """``fit(network, x, y, indices, epochs, seed) -> (network, steps, last-epoch loss)``:
+    cross-entropy training of one network by a per-client Trainer (FedKT's teachers and
+    students)."""
+
+    def fit(network: nn.Module, x: Tensor, y: Tensor, indices: np.ndarray, epochs: int, seed: int):
+        batches = ClientBatches(x, y, torch.as_tensor(indices), ctx.federation.batch_size,
+                                torch.Generator().manual_seed(seed))
+        module = MultiClassClassifier(network, task.optimizer)
+        steps, loss = fit_module(ctx, module, batches, epochs, callbacks)
+        return module.network, steps, loss
+
+    return fit
 
 
 def _recording(step_fn, losses: list, keep: int):

@@ -173,8 +173,9 @@ class Federation:
             self.load_state_dict(load_checkpoint(ckpt_path))
         d = self._data
         if executor is None:
+            public_x = None if self.public_x is None else self.public_x.to(d.train_x.device)
             executor = ClientExecutor(ClientContext(d.train_x, d.train_y, self.template, self.federation,
-                                                    self.trainer_cfg, self.seed))
+                                                    self.trainer_cfg, self.seed, public_x))
         started = time.perf_counter()
         for cb in self.callbacks:
             cb.on_fit_start(self)

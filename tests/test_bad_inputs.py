@@ -180,6 +180,9 @@ BAD_INPUTS = [
     Bad("ATHENA-FL without a validation split", ["--algorithm", "AthenaFL", "--data.image_size", "32",
                                                  "--model.architecture", "athena_cnn"],
         ("partition.validation_fraction",)),
+    # FedKT
+    Bad("FedKT with no teachers", ["--algorithm", "FedKT", "--algorithm.teachers", "0"],
+        ("algorithm.teachers=0", ">= 1")),
 ]
 
 

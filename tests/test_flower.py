@@ -78,7 +78,12 @@ def test_codec_round_trips_tasks_and_results_and_refuses_python_objects():
     back, round_index = decode_task(encode_task(task, 6))
     assert round_index == 6 and back.classes == (1, 7) and back.prox_mu == 0.01 and back.epochs == 2
     assert torch.equal(back.params["w"], task.params["w"]) and torch.equal(back.control["w"], task.control["w"])
-    assert back.global_gradient is None and back.optimizer == task.optimizer
+    assert back.global_gradient is None and back.optimizer == task.optimizer and back.knowledge_transfer is None
+    from fl_lightning.knowledge_transfer import KnowledgeTransferConfig
+
+    party = ClientTask(2, "knowledge_transfer", {}, num_classes=10, knowledge_transfer=KnowledgeTransferConfig(3, 4, 7))
+    back, _ = decode_task(encode_task(party, 1))
+    assert back.knowledge_transfer == KnowledgeTransferConfig(3, 4, 7) and back.num_classes == 10 and back.params == {}
     result = ClientResult(4, {"w": torch.randn(3, 2)}, 12, (1, 7), 0.25, 9, {"w": torch.ones(3, 2)})
     decoded, reason = decode_reply(encode_result(result))
     assert reason is None and decoded.num_samples == 12 and torch.equal(decoded.params["w"], result.params["w"])

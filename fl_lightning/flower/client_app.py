@@ -42,7 +42,7 @@ def local_client(context: Context):
         _LOCAL.clear()
         torch.set_num_threads(federation.trainer_cfg.threads or 1)
         _LOCAL[key] = (client_id, ClientContext(x, y, federation.template, federation.federation,
-                                                federation.trainer_cfg, federation.seed), y.numpy(),
+                                                federation.trainer_cfg, federation.seed, federation.public_x), y.numpy(),
                        int(federation.strategy.num_classes))
     return _LOCAL[key]
 

@@ -11,6 +11,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fl_lightning.config import OptimizerConfig
+from fl_lightning.knowledge_transfer import KnowledgeTransferConfig
 from fl_lightning.strategies.base import ClientResult, ClientTask
 
 _TENSOR_FIELDS = ("params", "control", "client_control", "global_gradient", "local_gradient")
@@ -45,7 +46,8 @@ def encode_task(task: ClientTask, round_index: int) -> RecordDict:
         raise ValueError(f"client task kind {task.kind!r} carries a Python object (network/open_set) that the Flower "
                          f"runner does not ship; run this algorithm in process (python -m fl_lightning fit)")
     meta = {name: getattr(task, name) for name in _PLAIN_FIELDS}
-    meta.update(round=round_index, optimizer=asdict(task.optimizer))
+    meta.update(round=round_index, optimizer=asdict(task.optimizer),
+                knowledge_transfer=asdict(task.knowledge_transfer) if task.knowledge_transfer is not None else None)
     content = RecordDict({"meta": ConfigRecord({"json": json.dumps(meta)})})
     for name in _TENSOR_FIELDS:
         value = getattr(task, name)
@@ -58,6 +60,8 @@ def decode_task(content: RecordDict) -> tuple[ClientTask, int]:
     meta = json.loads(content["meta"]["json"])
     round_index = meta.pop("round")
     optimizer = OptimizerConfig(**meta.pop("optimizer"))
+    transfer = meta.pop("knowledge_transfer", None)
+    meta["knowledge_transfer"] = KnowledgeTransferConfig(**transfer) if transfer is not None else None
     meta["classes"] = tuple(meta["classes"])
     meta["upload"] = tuple(meta["upload"]) if meta["upload"] is not None else None
     tensors = {name: _tensors(content[name]) for name in _TENSOR_FIELDS if name in content}

@@ -6,6 +6,7 @@ multi-class classifier, so FedOVA and FedAvg train the same backbone.
 
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 from torch import nn
@@ -162,3 +163,12 @@ def build_architecture(name: str, in_channels: int, image_size: int | tuple[int,
         raise ValueError(f"model.architecture={name!r} needs square inputs; the data are {height}x{width} "
                          f"(speech corpora need model.architecture=kws_cnn)")
     return cls(in_channels=in_channels, image_size=width, num_outputs=num_outputs)
+
+
+def reinitialised(template: nn.Module) -> nn.Module:
+    """A copy of ``template`` with fresh parameters drawn from torch's global generator."""
+    model = copy.deepcopy(template)
+    for module in model.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    return model

@@ -33,7 +33,7 @@ class ClientTask:
     """Everything a client needs for one local fit (sent to a worker as is)."""
 
     client_id: int
-    kind: str  # "detectors" | "classifier" | "open_set" | "curvature"
+    kind: str  # "detectors" | "classifier" | "open_set" | "curvature" | "knowledge_transfer"
     params: State
     # "detectors": the classes of the stacked detectors in ``params``; "curvature": the same
     # for one-vs-all probes (empty: one multi-class model)
@@ -48,7 +48,9 @@ class ClientTask:
     # between rounds (a real client keeps it), so it is not counted as communication.
     client_control: Optional[State] = None
     open_set: Any = None  # "open_set": its OpenSetLoss
-    num_classes: int = 0  # "open_set": the index of "unknown"
+    num_classes: int = 0  # "open_set": the index of "unknown"; "knowledge_transfer": n
+    # "knowledge_transfer" (FedKT's party): its KnowledgeTransferConfig (s, t, student epochs)
+    knowledge_transfer: Any = None
     fisher: bool = False  # "curvature": also return the diagonal Fisher (FIM-L-BFGS), not only the gradient
     # "classifier", FedDANE: the global gradient grad f(w_t) (sent, counted in bytes/down) and
     # the client's own grad F_k(w_t) from this round's gradient phase (it already has it: not
@@ -135,16 +137,11 @@ class Strategy(ABC):
     def fresh_models(self, generator: torch.Generator, count: int) -> list[nn.Module]:
         """``count`` independently initialised copies of the architecture, drawn from the
         run's initialisation generator only (the global torch RNG is left as it was)."""
-        import copy
+        from fl_lightning.models import reinitialised
 
         with torch.random.fork_rng():
             torch.manual_seed(int(torch.randint(2**31 - 1, (1,), generator=generator)))
-            models = [copy.deepcopy(self.template) for _ in range(count)]
-            for model in models:
-                for module in model.modules():
-                    if hasattr(module, "reset_parameters"):
-                        module.reset_parameters()
-        return models
+            return [reinitialised(self.template) for _ in range(count)]
 
     @abstractmethod
     def configure_client(self, state: State, client_id: int, labels: np.ndarray) -> Optional[ClientTask]:

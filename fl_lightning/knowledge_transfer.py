@@ -1,0 +1,113 @@
+"""FedKT's two-tier knowledge transfer (Li, He and Song, "Practical One-Shot Federated
+Learning for Cross-Silo Setting", IJCAI 2021), the one-shot baseline of FedOV's Table 1/3.
+
+Party side (``train_party``), repeated for each of its s partitionings:
+    split the local data into t disjoint parts, train one teacher per part;
+    label the unlabelled public data by the teachers' majority vote;
+    train a student on the public data with those labels.
+The party uploads its s students. Server side (``vote_counts`` with ``consistent=True``):
+each party votes only for the public samples on which all its s students agree, with s
+votes; the final model is trained on the public data labelled by the vote.
+
+Defaults follow the authors' scripts and FedOV's use of them: s = 2, t = 5, 100 student
+epochs, the run's optimizer (Adam 0.001) and batch size for every model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fl_lightning.models import reinitialised
+
+if TYPE_CHECKING:
+    from fl_lightning.client import ClientContext
+    from fl_lightning.strategies.base import ClientResult, ClientTask
+
+
+@dataclass(frozen=True)
+class KnowledgeTransferConfig:
+    """Attributes:
+    partitions: s, the partitionings of each party's data, one student each (2).
+    teachers: t, the teachers per partitioning, each on 1/t of the local data (5).
+    student_epochs: passes over the public data for each party's student (100).
+    """
+
+    partitions: int = 2
+    teachers: int = 5
+    student_epochs: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("partitions", "teachers", "student_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"algorithm.{name}={getattr(self, name)} must be >= 1")
+
+
+def teacher_split(indices: np.ndarray, teachers: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """The local sample indices shuffled and cut into ``teachers`` disjoint, near-equal parts."""
+    return np.array_split(rng.permutation(indices), teachers)
+
+
+def majority_vote(predictions: Tensor, num_classes: int) -> Tensor:
+    """predictions (M, B) class indices of M models: the most voted class per sample (ties:
+    the lowest class index)."""
+    return F.one_hot(predictions, num_classes).sum(0).argmax(1)
+
+
+def vote_counts(predictions: Tensor, num_classes: int, consistent: bool = True) -> Tensor:
+    """predictions (P, s, B): the s students of each of P parties. Votes per class (B, n).
+    ``consistent``: a party gives its s votes only where its students all agree, else none."""
+    per_party = F.one_hot(predictions, num_classes).sum(1)  # (P, B, n)
+    if consistent:
+        per_party = per_party * (per_party == predictions.shape[1])
+    return per_party.sum(0)
+
+
+@torch.no_grad()
+def predict_classes(models: Sequence[nn.Module], x: Tensor, batch: int = 1000) -> Tensor:
+    """(M, B) argmax predictions of each model on ``x``."""
+    out = []
+    for model in models:
+        model = model.to(x.device).eval()
+        out.append(torch.cat([model(x[i:i + batch]).argmax(1) for i in range(0, len(x), batch)]))
+    return torch.stack(out)
+
+
+def train_party(ctx: "ClientContext", task: "ClientTask", indices: np.ndarray, seed: int,
+                fit) -> "ClientResult":
+    """One party's s students (stacked (s, ...) in the result's params).
+
+    ``fit(network, x, y, indices, epochs, seed) -> (trained network, steps, last-epoch loss)``
+    trains a multi-class classifier by cross-entropy with a per-client Trainer
+    (fl_lightning.client)."""
+    from fl_lightning.client import local_epochs
+    from fl_lightning.strategies.base import ClientResult
+
+    cfg: KnowledgeTransferConfig = task.knowledge_transfer
+    if ctx.public_x is None:
+        raise ValueError("FedKT's parties need the unlabelled public data (ClientContext.public_x)")
+    rng = np.random.default_rng(seed)
+    students, steps, loss = [], 0, float("nan")
+    for _ in range(cfg.partitions):
+        teachers = []
+        for part in teacher_split(indices, cfg.teachers, rng):
+            if len(part) == 0:  # fewer samples than teachers
+                continue
+            teacher, n, _ = fit(reinitialised(ctx.template), ctx.x, ctx.y, part, local_epochs(task, ctx.federation),
+                                int(rng.integers(2**31)))
+            teachers.append(teacher)
+            steps += n
+        labels = majority_vote(predict_classes(teachers, ctx.public_x), task.num_classes)
+        public = np.arange(len(ctx.public_x))
+        student, n, loss = fit(reinitialised(ctx.template), ctx.public_x, labels, public, cfg.student_epochs,
+                               int(rng.integers(2**31)))
+        students.append(student)
+        steps += n
+    states = [{k: v.detach().cpu() for k, v in s.state_dict().items()} for s in students]
+    params = {k: torch.stack([s[k] for s in states]) for k in states[0]}
+    return ClientResult(task.client_id, params, len(indices), (), loss, steps)
