@@ -44,10 +44,3 @@ for alg in CloseSetVoting FedOV; do
     --algorithm $alg --partition.scheme dirichlet --partition.dirichlet_beta 0.5 --federation.local_epochs 60 \
     --run.dir $OUT/$name > $OUT/$name.log 2>&1
 done
-# FMNIST Dir(0.5), E = 60, with the authors' code's PROSER weights (dummy 1, mixup 0.01): does
-# the lighter mixup term put FedOV ahead of close-set voting (88.1 at E = 60) as in the paper?
-name=fmnist_D05_fedov_codeweights_E60
-[ -f $OUT/$name/summary.json ] || .venv/bin/python -m fl_lightning fit --config configs/fedov_fmnist.yaml \
-  --partition.scheme dirichlet --partition.dirichlet_beta 0.5 --federation.local_epochs 60 \
-  --algorithm.dummy_weight 1.0 --algorithm.mixup_weight 0.01 --trainer.workers ${WORKERS:-2} \
-  --run.dir $OUT/$name > $OUT/$name.log 2>&1

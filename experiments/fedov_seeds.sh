@@ -1,7 +1,8 @@
 #!/bin/bash
 # FedOV vs close-set voting on FMNIST Dir(0.5) with E = 60 local epochs, over more seeds (the
 # paper reports the mean of 3 trials; seed 0 is in experiments/fedov_more_baselines.sh).
-# WORKERS=1 leaves a core free for other work. Results: runs/fedov/seed<S>/fmnist_D05_*_E60.
+# WORKERS=1 leaves a core free for other work. Results: runs/fedov/seed<S>/fmnist_D05_*_E<E>.
+# Longer local training on seed 0: E=100 SEEDS=0 bash experiments/fedov_seeds.sh
 cd "$(dirname "$0")/.."
 E=${E:-60}
 WORKERS=${WORKERS:-2}
