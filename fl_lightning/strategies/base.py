@@ -28,6 +28,14 @@ def sample_clients(generator: torch.Generator, num_clients: int, fraction: float
     return sorted(torch.randperm(num_clients, generator=generator)[:m].tolist())
 
 
+def model_logits(template: nn.Module, params: State, x: Tensor) -> Tensor:
+    """``template``'s forward with ``params`` (one model's state dict), NHWC like the clients."""
+    from torch.func import functional_call
+
+    template = template.to(device=x.device, memory_format=torch.channels_last)
+    return functional_call(template, {k: v.to(x.device) for k, v in params.items()}, (x,))
+
+
 @dataclass
 class ClientTask:
     """Everything a client needs for one local fit (sent to a worker as is)."""

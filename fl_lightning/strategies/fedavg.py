@@ -7,10 +7,9 @@ from typing import Any, Optional
 import numpy as np
 import torch
 from torch import Tensor
-from torch.func import functional_call
 
 from fl_lightning.aggregation import fedavg
-from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy
+from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy, model_logits
 
 
 class FedAvg(Strategy):
@@ -39,5 +38,4 @@ class FedAvg(Strategy):
         return fedavg([r.params for r in results], [r.num_samples for r in results], self.weighted), {}
 
     def predict_logits(self, state: State, x: Tensor) -> Tensor:
-        template = self.template.to(device=x.device, memory_format=torch.channels_last)
-        return functional_call(template, {k: v.to(x.device) for k, v in state.items()}, (x,))
+        return model_logits(self.template, state, x)

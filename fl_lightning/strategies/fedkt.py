@@ -15,12 +15,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.func import functional_call
 
 from fl_lightning.aggregation import fedavg
 from fl_lightning.distillation import DistillationConfig, distill
 from fl_lightning.knowledge_transfer import KnowledgeTransferConfig, predict_classes, vote_counts
-from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy
+from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy, model_logits
 
 STUDENTS = "students."
 PARTIES = "parties"  # (N,): 1 for the parties whose students are in the state
@@ -132,8 +131,7 @@ class FedKT(Strategy):
         return vote_counts(predictions, self.num_classes, self.consistent_voting)
 
     def predict_logits(self, state: State, x: Tensor) -> Tensor:
-        template = self.template.to(device=x.device, memory_format=torch.channels_last)
-        return functional_call(template, {k: v.to(x.device) for k, v in self.final_model(state).items()}, (x,))
+        return model_logits(self.template, self.final_model(state), x)
 
     def extra_metrics(self, state: State, x: Tensor, y: Tensor, scores: Tensor) -> dict[str, float]:
         """The accuracy of the students' vote itself, the teacher of the final model (samples
