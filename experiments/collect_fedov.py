@@ -55,7 +55,7 @@ def main(root: str = "runs/fedov") -> None:
             accuracy += f" ± {spread:.1f} ({each})"
         topk = f"{mean('topk'):.1f} ({','.join(str(r['k']) for r in runs)})" if runs[0]["k"] else "—"
         distilled = f"{sum(r['distilled'] for r in runs) / len(runs):.1f}" if runs[0]["distilled"] is not None else "—"
-        paper_key = re.sub(r"_(codeweights|E\d+)$", "", method.split("_mu")[0])
+        paper_key = re.sub(r"(_(codeweights|pixel|E\d+))+$", "", method.split("_mu")[0])
         paper = PAPER.get((data, part), {}).get(paper_key, "—")
         print(f"| {data} | {part} | {method} | {runs[0]['epochs']} | {accuracy} | {topk} | {distilled} | "
               f"{paper} | {mean('seconds'):.0f} | {len(runs)} |")

@@ -1,7 +1,9 @@
 #!/bin/bash
 # FedOV (ICLR 2023) on this CPU: Table 1/2 settings with E local epochs (paper: 200).
 # Runs one after the other, each with both cores (WORKERS=2 client workers, the default). Results:
-# runs/fedov/<name>/summary.json; experiments/collect_fedov.py makes the table.
+# runs/fedov/seed<SEED>/<name><TAG>/summary.json; experiments/collect_fedov.py makes the table.
+# ONLY=<regex> runs just the names that match, e.g. the FedOV rows again under a new tag:
+#   TAG=_pixel ONLY='_fedov$' bash experiments/fedov_table.sh
 cd "$(dirname "$0")/.."
 E=${E:-20}
 SEED=${SEED:-0}
@@ -9,6 +11,8 @@ OUT=runs/fedov/seed$SEED
 mkdir -p $OUT
 run() {  # name config extra-args...
   local name=$1 config=$2; shift 2
+  [[ $name =~ ${ONLY:-.} ]] || return
+  name=$name${TAG:-}
   [ -f $OUT/$name/summary.json ] && return  # done already: the script can be re-run after a stop
   .venv/bin/python -m fl_lightning fit --config $config --seed $SEED --federation.local_epochs $E \
     --trainer.workers ${WORKERS:-2} --run.dir $OUT/$name --run.logger csv "$@" > $OUT/$name.log 2>&1 \

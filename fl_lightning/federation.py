@@ -121,7 +121,7 @@ class Federation:
         context = ServerContext(self.partition.num_clients, make_model, public_x,
                                 "gpu" if self.device.type == "cuda" else "cpu", self.seed,
                                 self.client_validation if self.partition.validation_fraction > 0 else None,
-                                str(self.run_dir), tuple(d.train_x.shape[1:]))
+                                str(self.run_dir), tuple(d.train_x.shape[1:]), d.pixel_mean, d.pixel_std)
         self.strategy.setup(self.template, d.num_classes, self.optimizer, stacking, context)
         init_gen = torch.Generator().manual_seed(self.seed)
         self.state = self.strategy.initial_state(init_gen)

@@ -112,6 +112,44 @@ def test_fgsm_moves_outliers_towards_seen_classes():
     assert all(p.grad is None for p in module.network.parameters())
 
 
+MEAN, STD = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)  # a CIFAR-like standardisation
+
+
+def test_destruction_with_the_data_standardisation_erases_to_black_pixels():
+    from callbacks.outliers import DataDestruction
+
+    g = torch.Generator().manual_seed(2)
+    pixels = torch.rand(8, 3, 32, 32, generator=g) * 0.8 + 0.1  # no black pixel yet
+    mean, std = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
+    x = (pixels - mean) / std
+    made = DataDestruction(("erase",), MEAN, STD)
+    made.generator.manual_seed(0)
+    out = made.destroy(x)
+    black = ((out * std + mean).abs() < 1e-6)
+    assert torch.equal(black, black[:, :1].expand_as(black))  # whole pixels, every channel
+    assert 0.3 < float(black.float().mean()) <= 0.52  # one box of a third to a half per image
+    assert torch.allclose(out[~black], x[~black], atol=1e-5)
+    # Without the statistics the box takes the value 0 of the inputs as given: the mean colour.
+    plain = DataDestruction(("erase",))
+    plain.generator.manual_seed(0)
+    assert torch.equal(plain.destroy(x) == 0, black)
+
+
+def test_fgsm_with_the_data_standardisation_steps_each_pixel_by_the_paper_step():
+    from types import SimpleNamespace
+
+    from callbacks.outliers import AdversarialOutlierEnhancement
+
+    torch.manual_seed(0)
+    module = SimpleNamespace(network=SimpleCNN(3, 32, 11), unknown=10,
+                             outliers={"destroyed": torch.randn(4, 3, 32, 32)})
+    AdversarialOutlierEnhancement(steps=1, step_size=0.002, pixel_std=STD).on_train_batch_start(None, module, None, 0)
+    moved = (module.outliers["enhanced"] - module.outliers["destroyed"]) * torch.tensor(STD).view(1, 3, 1, 1)
+    moved = moved.abs()
+    assert torch.allclose(moved[moved > 0], torch.tensor(0.002), atol=1e-6)  # in [0, 1] pixel units
+    assert float((moved > 0).float().mean()) > 0.9
+
+
 def test_open_set_module_trains_its_configured_outliers():
     from callbacks.outliers import AdversarialOutlierEnhancement, DataDestruction
 
@@ -142,6 +180,16 @@ def test_fedov_has_an_unknown_output_and_validates_its_settings():
     assert FedOV().num_outputs(10) == 11 and CloseSetVoting().num_outputs(10) == 10
     with pytest.raises(ValueError, match="destruction_ops"):
         FedOV(destruction_ops=("erase", "melt"))
+    with pytest.raises(ValueError, match="pixel_mean"):
+        OpenSetLoss(pixel_mean=(0.5,), pixel_std=(0.2, 0.2))
+
+
+def test_fedov_clients_get_the_data_standardisation_for_their_outliers():
+    strategy = FedOV()
+    strategy.setup(SimpleCNN(3, 32, 11), 10, OptimizerConfig("adam"), "loop",
+                   ServerContext(num_clients=2, pixel_mean=MEAN, pixel_std=STD))
+    task = strategy.client_task(0, {})
+    assert (task.open_set.pixel_mean, task.open_set.pixel_std) == (MEAN, STD)
 
 
 def test_fedprox_loss_adds_the_proximal_term():

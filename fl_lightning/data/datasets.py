@@ -39,6 +39,10 @@ class FederatedDataset:
     test_x: Tensor
     test_y: Tensor
     num_classes: int
+    #: the standardisation x = (pixel - mean) / std per channel of images read as [0, 1]
+    #: pixels; empty for data that are not such images (MFCC features, synthetic tensors)
+    pixel_mean: tuple[float, ...] = ()
+    pixel_std: tuple[float, ...] = ()
 
     @property
     def in_channels(self) -> int:
@@ -126,6 +130,8 @@ def _load_whole(cfg: DataConfig) -> FederatedDataset:
         _standardise(test[0], mean, std),
         test[1],
         num_classes=10,
+        pixel_mean=mean,
+        pixel_std=std,
     )
 
 

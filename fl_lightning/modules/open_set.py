@@ -38,6 +38,10 @@ class OpenSetLoss:
         adversarial_weight: the FGSM-enhanced outliers' term (0: no enhancement at all).
         fgsm_steps, fgsm_step_size: FGSM iterations and step (paper: 5 and 0.002).
         destruction_ops: the operations one of which is drawn per outlier.
+        pixel_mean, pixel_std: the inputs' standardisation x = (pixel - mean) / std. With
+            them, outliers are made and FGSM steps taken on [0, 1] pixels, as in the paper
+            and its code: erased boxes are black and a step moves a pixel by 0.002.
+            Empty: both act on the inputs as given.
     """
 
     dummy_weight: float = 0.01
@@ -48,6 +52,13 @@ class OpenSetLoss:
     fgsm_steps: int = 5
     fgsm_step_size: float = 0.002
     destruction_ops: tuple[str, ...] = DESTRUCTION_OPS
+    pixel_mean: tuple[float, ...] = ()
+    pixel_std: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.pixel_mean) != len(self.pixel_std) or any(s <= 0 for s in self.pixel_std):
+            raise ValueError(f"pixel_mean {self.pixel_mean} and pixel_std {self.pixel_std} must have one entry "
+                             "per channel, std > 0 (or both be empty)")
 
     def weights(self) -> dict[str, float]:
         return {"ce": 1.0, "dummy": self.dummy_weight, "mixup": self.mixup_weight,
@@ -77,9 +88,10 @@ class OpenSetDetector(LocalLearner):
 
         made = []
         if self.loss.needs_destruction:
-            made.append(DataDestruction(self.loss.destruction_ops))
+            made.append(DataDestruction(self.loss.destruction_ops, self.loss.pixel_mean, self.loss.pixel_std))
         if self.loss.adversarial_weight > 0:
-            made.append(AdversarialOutlierEnhancement(self.loss.fgsm_steps, self.loss.fgsm_step_size))
+            made.append(AdversarialOutlierEnhancement(self.loss.fgsm_steps, self.loss.fgsm_step_size,
+                                                      self.loss.pixel_std))
         return made
 
     def forward(self, x: Tensor) -> Tensor:

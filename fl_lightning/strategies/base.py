@@ -119,6 +119,9 @@ class ServerContext:
     client_validation: Optional[Callable[[Sequence[int]], tuple[Tensor, Tensor]]] = None
     run_dir: str = "."
     input_shape: tuple[int, ...] = ()  # one sample's (C, H, W)
+    #: the data's per-channel standardisation of [0, 1] pixels (FederatedDataset.pixel_mean/std)
+    pixel_mean: tuple[float, ...] = ()
+    pixel_std: tuple[float, ...] = ()
 
 
 class Strategy(ABC):

@@ -192,7 +192,8 @@ class FedOV(_Ensemble):
 
     def loss(self) -> OpenSetLoss:
         return OpenSetLoss(self.dummy_weight, self.mixup_weight, self.mixup_alpha, self.destruction_weight,
-                           self.adversarial_weight, self.fgsm_steps, self.fgsm_step_size, self.destruction_ops)
+                           self.adversarial_weight, self.fgsm_steps, self.fgsm_step_size, self.destruction_ops,
+                           self.context.pixel_mean, self.context.pixel_std)
 
     def client_task(self, client_id: int, params: State) -> ClientTask:
         return ClientTask(client_id, self.kind, params, (), self.optimizer, open_set=self.loss(),
