@@ -4,6 +4,8 @@
 # runs/fedov/seed<SEED>/<name><TAG>/summary.json; experiments/collect_fedov.py makes the table.
 # ONLY=<regex> runs just the names that match, e.g. the FedOV rows again under a new tag:
 #   TAG=_pixel ONLY='_fedov$' bash experiments/fedov_table.sh
+# EXTRA adds arguments to every run, e.g. the authors' code's PROSER weights on MNIST Dir(0.5):
+#   TAG=_codeweights ONLY='^mnist_D05_fedov$' EXTRA="--algorithm.dummy_weight 1 --algorithm.mixup_weight 0.01" bash experiments/fedov_table.sh
 cd "$(dirname "$0")/.."
 E=${E:-20}
 SEED=${SEED:-0}
@@ -15,7 +17,7 @@ run() {  # name config extra-args...
   name=$name${TAG:-}
   [ -f $OUT/$name/summary.json ] && return  # done already: the script can be re-run after a stop
   .venv/bin/python -m fl_lightning fit --config $config --seed $SEED --federation.local_epochs $E \
-    --trainer.workers ${WORKERS:-2} --run.dir $OUT/$name --run.logger csv "$@" > $OUT/$name.log 2>&1 \
+    --trainer.workers ${WORKERS:-2} --run.dir $OUT/$name --run.logger csv "$@" ${EXTRA:-} > $OUT/$name.log 2>&1 \
     || echo "FAILED $name" >> $OUT/failed.txt
 }
 C1="--partition.scheme num_labels --partition.labels_per_client 1"
