@@ -19,7 +19,7 @@ from fl_lightning.distillation import DistillationConfig, distill, teacher_proba
 from fl_lightning.modules.open_set import OpenSetLoss
 from fl_lightning.modules.stacking import StackedModel, stack_models
 from fl_lightning.outliers.destruction import DESTRUCTION_OPS
-from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy
+from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy, model_logits
 
 VOTERS = "voters"
 STUDENT = "student."
@@ -125,12 +125,10 @@ class _Ensemble(Strategy):
     def extra_metrics(self, state: State, x: Tensor, y: Tensor, scores: Tensor) -> dict[str, float]:
         out = {}
         if self.distill:
-            from torch.func import functional_call
-
-            student = self.context.make_model(self.num_classes).to(x.device)
-            params = {k[len(STUDENT):]: v.to(x.device) for k, v in state.items() if k.startswith(STUDENT)}
+            student = self.context.make_model(self.num_classes)
+            params = {k[len(STUDENT):]: v for k, v in state.items() if k.startswith(STUDENT)}
             with torch.no_grad():
-                pred = torch.cat([functional_call(student, params, (x[i:i + 1000],)).argmax(1)
+                pred = torch.cat([model_logits(student, params, x[i:i + 1000]).argmax(1)
                                   for i in range(0, len(x), 1000)])
             out["distilled_accuracy"] = float((pred == y).float().mean())
         return out
