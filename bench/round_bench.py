@@ -44,13 +44,10 @@ def run_variant(variant: str, workload: str, rounds: int, run_dir: str, extra: l
     """Executed inside the subprocess."""
     import torch
 
-    from fl_lightning.cli import _GROUPS, build_parser
-    from fl_lightning.federation import Federation
+    from fl_lightning.settings import build_federation
 
-    parser = build_parser()
-    cfg = parser.parse_args(cli_args(workload, rounds, run_dir, extra if variant == "fl_lightning" else ()))
-    init = parser.instantiate(cfg)["fit"]
-    fed = Federation(**{n: init[n] for n in _GROUPS}, algorithm=init["algorithm"], seed=cfg.fit.seed, callbacks=[])
+    _, _, fed = build_federation(cli_args(workload, rounds, run_dir, extra if variant == "fl_lightning" else ()),
+                                 callbacks=[])
     fed.setup()  # data loading and partitioning are not part of the timed work
     start = time.perf_counter()
     if variant == "fl_lightning":

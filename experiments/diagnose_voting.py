@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -20,13 +19,10 @@ import torch
 
 def diagnose(run_dir: Path) -> dict[str, float]:
     from fl_lightning.checkpoint import load_checkpoint
-    from fl_lightning.cli import build_federation
+    from fl_lightning.settings import federation_from_config
 
     summary = json.loads((run_dir / "summary.json").read_text())
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
-        json.dump(summary["config"], f)
-        f.flush()
-        _, _, fed = build_federation(["test", "--config", f.name])
+    fed = federation_from_config(summary["config"])
     fed.setup()
     # Only the parameters: runs from before a setting existed carry no value for it.
     state = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state"]

@@ -11,8 +11,6 @@ from typing import Any
 
 import torch
 
-from fl_lightning import crashpoints
-
 REQUIRED_KEYS = frozenset({"round", "state", "sampler_state", "history", "config"})
 
 
@@ -29,7 +27,7 @@ def save_atomic(obj: Any, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, crashpoints.interruptible(f))
+            torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -12,15 +12,12 @@ run with ``--evaluate-checkpoints``, is re-evaluated on the test set from its ch
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import importlib
-import io
 import json
 import math
 import re
 import sys
-import tempfile
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,12 +168,12 @@ def check_summary(record: RunRecord) -> None:
 
 
 def evaluate_checkpoint(run_dir: str | Path, config: Optional[dict] = None) -> float:
-    """Test accuracy of ``<run_dir>/checkpoints/last.ckpt``, through ``fl_lightning test``
-    with the configuration saved in the checkpoint (run.dir pointed at where the run is now)."""
+    """Test accuracy of ``<run_dir>/checkpoints/last.ckpt``: the Federation of the configuration
+    saved in the checkpoint (run.dir pointed at where the run is now), restored and evaluated."""
     import torch
 
-    from fl_lightning import cli
     from fl_lightning.checkpoint import load_checkpoint
+    from fl_lightning.settings import evaluate_checkpoint as evaluate, federation_from_config
 
     ckpt_path = Path(run_dir) / "checkpoints" / "last.ckpt"
     if config is None:
@@ -185,13 +182,7 @@ def evaluate_checkpoint(run_dir: str | Path, config: Optional[dict] = None) -> f
     cfg["run"] = {**(cfg.get("run") or {}), "dir": str(run_dir), "logger": "none", "progress": False}
     if (cfg.get("trainer") or {}).get("accelerator") == "gpu" and not torch.cuda.is_available():
         cfg["trainer"] = {**cfg["trainer"], "accelerator": "cpu"}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "config.yaml"
-        import yaml
-
-        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        with contextlib.redirect_stdout(io.StringIO()):
-            metrics = cli.main(["test", "--config", str(path), "--ckpt_path", str(ckpt_path)])
+    metrics = evaluate(federation_from_config(cfg), ckpt_path, "test")
     return float(metrics["test/accuracy"])
 
 

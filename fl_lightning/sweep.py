@@ -7,9 +7,9 @@ run directory already holds a finished ``summary.json`` is skipped and one with 
 checkpoint is resumed from it, so an interrupted sweep is continued by running the same
 command again.
 
-Each fit runs in this process (``fl_lightning.cli.main``): no interpreter start and import
-per configuration, errors keep their tracebacks, and tests can count the fits. A process
-crash ends the sweep, which the resume rule then continues.
+Each fit runs in this process (``fit_configuration``, through fl_lightning.settings): no
+interpreter start and import per configuration, errors keep their tracebacks, and tests can
+count the fits. A process crash ends the sweep, which the resume rule then continues.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def plan(sweep: Sweep, runs_dir: str | Path, extra: list[str]) -> list[Configura
 def target_rounds(args: list[str]) -> int:
     """federation.rounds of a configuration, from the real parser (also rejects a wrong key
     before any training starts)."""
-    from fl_lightning.cli import build_parser
+    from fl_lightning.settings import build_parser
 
     return int(build_parser().parse_args(["fit", *args]).fit.federation.rounds)
 
@@ -162,6 +162,14 @@ def decide(config: Configuration, rounds: int) -> tuple[str, Optional[str]]:
     if ckpt.is_file():
         return "resume", str(ckpt)
     return "run", None
+
+
+def fit_configuration(args: list[str]) -> dict:
+    """One configuration's ``fit`` (its arguments, ``--ckpt_path`` included): the summary."""
+    from fl_lightning.settings import build_federation
+
+    _, cfg, federation = build_federation(["fit", *args])
+    return federation.fit(ckpt_path=cfg.fit.ckpt_path)
 
 
 @contextmanager
@@ -183,8 +191,6 @@ def _wandb_env(sweep_name: str):
 
 def run_sweep(sweep_file: str | Path, runs_dir: str | Path = "runs/sweeps", extra: Optional[list[str]] = None,
               dry_run: bool = False) -> list[Configuration]:
-    from fl_lightning import cli
-
     sweep = load_sweep(sweep_file)
     configs = plan(sweep, runs_dir, list(extra or []))
     rounds = [target_rounds(c.args) for c in configs]  # all parsed before the first fit
@@ -204,7 +210,7 @@ def run_sweep(sweep_file: str | Path, runs_dir: str | Path = "runs/sweeps", extr
                 continue
             started = time.perf_counter()
             try:
-                config.summary = cli.main(["fit", *config.args, *(["--ckpt_path", ckpt] if ckpt else [])])
+                config.summary = fit_configuration([*config.args, *(["--ckpt_path", ckpt] if ckpt else [])])
             except Exception as err:  # a diverged run should not end the sweep; argument errors exit above
                 config.status, config.error = "failed", f"{type(err).__name__}: {err}"
                 print(f"{head} failed   {config.name}: {config.error}", flush=True)

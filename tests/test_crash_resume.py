@@ -2,10 +2,12 @@
 (``--ckpt_path last``) ends with exactly the metrics of an uninterrupted run, and the latest
 checkpoint is never a half-written one.
 
-The kill points are fl_lightning.crashpoints' (the run SIGKILLs itself there, which is what
-``kill -9`` from outside does at that moment). Most kills run ``cli.main`` in a forked child
-of this process, a subprocess that skips the interpreter start and imports (~5 s each); one
-test kills a real ``python -m fl_lightning`` process through the environment variable."""
+The kill points are tests/killpoints.py's, injected from the test (the run SIGKILLs itself
+there, which is what ``kill -9`` from outside does at that moment); the shipped code has no
+test hooks. Most kills run ``cli.main`` in a forked child of this process, a subprocess that
+skips the interpreter start and imports (~5 s each); one test kills a real
+``python -m fl_lightning`` process (a fresh interpreter that arms the kill point, then runs
+fl_lightning's ``__main__``)."""
 
 import os
 import signal
@@ -16,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from fl_lightning import cli, crashpoints
+from fl_lightning import cli
 from fl_lightning.checkpoint import CheckpointError, load_checkpoint
+from tests import killpoints
 from tests.conftest import outcome, tiny_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +45,7 @@ def fit_killed_at(spec, run_dir) -> int:
     if pid == 0:  # the child never returns into pytest
         code = 0
         try:
-            crashpoints.arm(spec)
+            killpoints.arm(spec)
             cli.main(["fit", *fit_args(run_dir)])
         except BaseException:
             traceback.print_exc()
@@ -95,8 +98,8 @@ def test_killed_run_resumes_to_the_uninterrupted_metrics(tmp_path, uninterrupted
 
 def test_sigkilled_cli_process_resumes_to_the_uninterrupted_metrics(tmp_path, uninterrupted):
     run = tmp_path / "run"
-    env = {**os.environ, crashpoints.ENV: "batch:50", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "fl_lightning", "fit", *fit_args(run)], cwd=REPO, env=env,
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([*killpoints.python_m_fl_lightning("batch:50"), "fit", *fit_args(run)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
@@ -106,7 +109,12 @@ def test_sigkilled_cli_process_resumes_to_the_uninterrupted_metrics(tmp_path, un
 
 
 def test_kill_point_specs_are_checked():
-    with pytest.raises(ValueError, match=crashpoints.ENV):
-        crashpoints.arm("nowhere:1")
-    crashpoints.arm(None)
-    assert not crashpoints.armed("batch")
+    assert killpoints.parse("batch:50") == ("batch", 50)
+    for spec in ("nowhere:1", "batch:0", "batch"):
+        with pytest.raises(ValueError, match="must be POINT:N"):
+            killpoints.parse(spec)
+
+
+def test_the_shipped_code_has_no_kill_points():
+    shipped = [p for p in (REPO / "fl_lightning").rglob("*.py")] + list((REPO / "callbacks").rglob("*.py"))
+    assert not [str(p) for p in shipped if "killpoint" in p.read_text() or "crashpoint" in p.read_text()]

@@ -89,13 +89,13 @@ parameters:
 command: [fl_lightning, fit, --run.logger, wandb]
 """)
     fits = []
-    real_main = cli.main
+    real_fit = sweep.fit_configuration
 
-    def counting_main(argv):
-        fits.append(list(argv))
-        return real_main(argv)
+    def counting_fit(args):
+        fits.append(list(args))
+        return real_fit(args)
 
-    monkeypatch.setattr(cli, "main", counting_main)
+    monkeypatch.setattr(sweep, "fit_configuration", counting_fit)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     runs = tmp_path / "runs"
     argv = [str(file), "--runs-dir", str(runs), *tiny_fixed("--federation.local_epochs"), "--federation.rounds", "2"]

@@ -11,8 +11,6 @@ import math
 import torch
 from torch import Tensor
 
-from fl_lightning import crashpoints
-
 
 class ClientBatches:
     """Reshuffled every pass (``iter``) by the client's own generator.
@@ -35,5 +33,4 @@ class ClientBatches:
         order = self.indices[torch.randperm(len(self.indices), generator=self.generator)]
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
-            crashpoints.reached("batch")  # a no-op outside the crash-safety tests
             yield self.x[idx], self.y[idx]

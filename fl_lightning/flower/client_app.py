@@ -30,7 +30,7 @@ def local_client(context: Context):
     client_id = int(context.node_config["partition-id"])
     key = (config, overrides, client_id)
     if key not in _LOCAL:
-        from fl_lightning.cli import build_federation
+        from fl_lightning.settings import build_federation
         from fl_lightning.client import ClientContext
 
         _, _, federation = build_federation(["fit", "--config", config, *shlex.split(overrides)])

@@ -128,7 +128,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error("flwr is not installed in this environment: pip install 'flwr[simulation]==1.42.0'")
     import shlex
 
-    from fl_lightning.cli import build_federation
+    from fl_lightning.settings import build_federation
 
     _, _, planned = build_federation(["fit", "--config", args.config, *shlex.split(args.overrides)])
     if planned.partition.num_clients != args.clients:

@@ -86,7 +86,7 @@ class FlowerExecutor:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    from fl_lightning.cli import build_federation
+    from fl_lightning.settings import build_federation
 
     import os
 

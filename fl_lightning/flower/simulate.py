@@ -27,7 +27,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     from flwr.simulation import run_simulation
 
-    from fl_lightning.cli import build_federation
+    from fl_lightning.settings import build_federation
     from fl_lightning.flower.client_app import app as client_app
     from fl_lightning.flower.server_app import app as server_app
 
