@@ -62,3 +62,46 @@ def test_partition_is_seeded_and_data_sharing_adds_one_common_subset():
     shared = set(a[0][-6:].tolist())  # |D_k| = 6000 / 100 = 60, so |D_s| = 0.1 * 60
     assert len(shared) == 6 and all(shared <= set(c.tolist()) for c in a)
     assert len(a[0]) == 60 + 6
+
+
+def _label_skew(labels, clients, n=10):
+    """Mean over clients of the total-variation distance between a client's label
+    distribution and the whole set's (0: the same mix; 1 - 1/n: one label each on balanced data)."""
+    table = partition_table(labels, clients, n).astype(float)
+    local = table / table.sum(1, keepdims=True)
+    overall = np.bincount(labels, minlength=n) / len(labels)
+    return float((0.5 * np.abs(local - overall).sum(1)).mean())
+
+
+def test_iid_deals_every_sample_once_in_equal_shares_of_the_whole_mix():
+    labels = balanced_labels(100)  # 1000 samples over 7 clients: shares of 142 or 143
+    clients = partition_clients(labels, PartitionConfig(scheme="iid", num_clients=7), seed=0)
+    assert sorted(np.concatenate(clients).tolist()) == list(range(1000))
+    assert sorted(len(c) for c in clients) == [142] * 1 + [143] * 6
+    assert all(np.all(np.diff(c) > 0) for c in clients)  # sorted index arrays
+    assert _label_skew(labels, clients) < 0.15  # each client sees about the overall mix (sorted cuts: 0.86)
+    assert not any(np.array_equal(c, np.arange(c[0], c[0] + len(c))) for c in clients)  # shuffled, not cut
+
+
+def test_dirichlet_concentration_sets_the_label_skew():
+    labels = balanced_labels(200)
+    skewed, even = (partition_clients(labels, PartitionConfig(scheme="dirichlet", num_clients=10, dirichlet_beta=beta,
+                                                              min_samples=10), seed=0) for beta in (0.1, 1000.0))
+    # Dir(0.1) puts most of a class on one or two clients; Dir(1000) splits it almost equally.
+    assert _label_skew(labels, skewed) > 0.5
+    assert _label_skew(labels, even) < 0.1
+    assert max(len(c) for c in even) - min(len(c) for c in even) < 0.2 * 200
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_num_labels_assigns_each_sample_once_and_splits_each_class_equally_over_its_holders(k):
+    labels = np.repeat(np.arange(10), 101)  # 101 per class: splits differ by at most one sample
+    clients = partition_clients(labels, PartitionConfig(scheme="num_labels", num_clients=20, labels_per_client=k), seed=2)
+    everything = np.concatenate(clients)
+    held = [c for c in range(10) if any(c in set(labels[p].tolist()) for p in clients)]
+    assert len(everything) == len(np.unique(everything)) == 101 * len(held)  # no sample twice
+    table = partition_table(labels, clients, 10)
+    for c in held:
+        shares = table[:, c][table[:, c] > 0]
+        holders = sum(c in set(np.unique(labels[p]).tolist()) for p in clients)
+        assert len(shares) == holders and shares.sum() == 101 and shares.max() - shares.min() <= 1
