@@ -1,6 +1,7 @@
 """FedOV: voting rules, the local open-set loss, FGSM enhancement, the one-shot strategies."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -239,3 +240,72 @@ def test_distilled_fedov_evaluates_on_the_second_half_of_the_test_set(tmp_path):
     assert 0 <= last["test/distilled_accuracy"] <= 1
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["history"][-1]["test/distilled_accuracy"] == last["test/distilled_accuracy"]
+
+
+class _OneFeature(torch.nn.Module):
+    """features = the input itself (one number per sample); head: logits (x, 2x, 1/2) for
+    classes 0, 1 and "unknown" (index 2). Equal inputs give equal embeddings whatever the
+    mixup pairing and lambda, so every term can be written down by hand."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = torch.nn.Identity()
+        self.head = torch.nn.Linear(1, 3)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.tensor([[1.0], [2.0], [0.0]]))
+            self.head.bias.copy_(torch.tensor([0.0, 0.0, 0.5]))
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+def _ce(logits, target):
+    """-log softmax(logits)[target], by hand."""
+    return math.log(sum(math.exp(v) for v in logits)) - logits[target]
+
+
+def test_each_open_set_term_is_cross_entropy_to_unknown_by_hand():
+    module = OpenSetDetector(_OneFeature(), 2, OptimizerConfig("sgd", lr=0.1))
+    x, y = torch.tensor([[1.0], [1.0]]), torch.tensor([0, 1])  # one input, two labels: logits (1, 2, 0.5)
+    module.outliers = {"destroyed": torch.tensor([[3.0], [3.0]]), "enhanced": torch.tensor([[-1.0], [-1.0]])}
+    torch.manual_seed(1)
+    assert torch.randperm(2).tolist() == [1, 0]  # this seed pairs the two samples: mixup has its pair
+    torch.manual_seed(1)
+    terms = module.loss_terms(x, y)
+
+    real = [1.0, 2.0, 0.5]
+    expected = {
+        "ce": (_ce(real, 0) + _ce(real, 1)) / 2,
+        # the true class masked out, "unknown" must win among the rest (PROSER's dummy, Eq. 1)
+        "dummy": (_ce([2.0, 0.5], 1) + _ce([1.0, 0.5], 1)) / 2,
+        # lambda * 1 + (1 - lambda) * 1 = 1: the mixed embedding's logits are the real ones, target unknown
+        "mixup": _ce(real, 2),
+        "destroyed": _ce([3.0, 6.0, 0.5], 2),
+        "enhanced": _ce([-1.0, -2.0, 0.5], 2),
+    }
+    assert set(terms) == set(expected)
+    for name, value in expected.items():
+        assert float(terms[name]) == pytest.approx(value, rel=1e-6), name
+
+
+def test_fgsm_on_standardised_inputs_steps_each_pixel_away_from_unknown_by_the_paper_step():
+    from types import SimpleNamespace
+
+    from callbacks.outliers import AdversarialOutlierEnhancement
+
+    # A linear model on 3 one-pixel channels: logits (x_0, -x_1, 0) for two classes and unknown.
+    # d CE(., unknown) / dx = p_0 * (1, 0, 0) + p_1 * (0, -1, 0): ascent raises channel 0, lowers
+    # channel 1 and leaves channel 2 (no gradient) where it is.
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3, 3, bias=False))
+    with torch.no_grad():
+        net[1].weight.copy_(torch.tensor([[1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 0.0]]))
+    destroyed = torch.tensor([[0.2, -0.3, 0.7], [-1.0, 0.5, 0.0]]).view(2, 3, 1, 1)
+    module = SimpleNamespace(network=net, unknown=2, outliers={"destroyed": destroyed})
+    before = net(destroyed).softmax(1)[:, 2]
+
+    AdversarialOutlierEnhancement(steps=1, step_size=0.002, pixel_std=STD).on_train_batch_start(None, module, None, 0)
+
+    # 0.002 in [0, 1] pixel units is 0.002 / std in standardised units
+    expected = destroyed + torch.tensor([0.002 / STD[0], -0.002 / STD[1], 0.0]).view(1, 3, 1, 1)
+    torch.testing.assert_close(module.outliers["enhanced"], expected, rtol=0, atol=1e-7)
+    assert bool((net(module.outliers["enhanced"]).softmax(1)[:, 2] < before).all())  # less "unknown"

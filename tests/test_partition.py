@@ -79,7 +79,7 @@ def test_iid_deals_every_sample_once_in_equal_shares_of_the_whole_mix():
     assert sorted(np.concatenate(clients).tolist()) == list(range(1000))
     assert sorted(len(c) for c in clients) == [142] * 1 + [143] * 6
     assert all(np.all(np.diff(c) > 0) for c in clients)  # sorted index arrays
-    assert _label_skew(labels, clients) < 0.15  # each client sees about the overall mix (sorted cuts: 0.86)
+    assert _label_skew(labels, clients) < 0.15  # each client sees about the overall mix (unshuffled cuts: 0.77)
     assert not any(np.array_equal(c, np.arange(c[0], c[0] + len(c))) for c in clients)  # shuffled, not cut
 
 
