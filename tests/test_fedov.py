@@ -233,11 +233,33 @@ def test_fedov_one_shot_run_end_to_end_and_from_its_checkpoint(tmp_path, capsys)
     assert metrics["test/accuracy"] == pytest.approx(last["test/accuracy"])
 
 
-def test_distilled_fedov_evaluates_on_the_second_half_of_the_test_set(tmp_path):
+def test_distilled_fedov_distils_on_the_first_half_of_the_test_set_and_evaluates_on_the_second(tmp_path, monkeypatch):
+    from fl_lightning.checkpoint import load_checkpoint
+    from fl_lightning.data.datasets import synthetic_dataset
+    from fl_lightning.strategies import voting
+
+    distilled_on, evaluated_on = [], []
+    real_distill, real_predict = voting.distill, FedOV.predict_logits
+    monkeypatch.setattr(voting, "distill", lambda student, x, *rest: distilled_on.append(x.clone()) or
+                        real_distill(student, x, *rest))
+    monkeypatch.setattr(FedOV, "predict_logits", lambda self, state, x: evaluated_on.append(x.clone()) or
+                        real_predict(self, state, x))
     args = tiny_args(tmp_path / "run", *FEDOV_ARGS, "--algorithm.distill", "true", "--algorithm.distill_epochs", "1")
     summary = main(["fit", *args])
+
+    data = synthetic_dataset(600)  # the run's data: 150 test samples, 75 public, 75 held out
+    public, held_out, held_out_y = data.test_x[:75], data.test_x[75:], data.test_y[75:]
+    assert len(distilled_on) == 1 and torch.equal(distilled_on[0], public)
+    assert torch.equal(torch.cat(evaluated_on), held_out)
+    assert float(torch.cdist(public.flatten(1), held_out.flatten(1)).min()) > 0  # no held-out sample distilled on
+    # the student's accuracy, recomputed from the checkpoint on the held-out half
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["state"]
+    student = SimpleCNN(1, 28, 10)
+    student.load_state_dict({k[len("student."):]: v for k, v in state.items() if k.startswith("student.")})
+    with torch.no_grad():
+        correct = int((student(held_out).argmax(1) == held_out_y).sum())
     last = summary["history"][-1]
-    assert 0 <= last["test/distilled_accuracy"] <= 1
+    assert last["test/distilled_accuracy"] == pytest.approx(correct / 75)
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["history"][-1]["test/distilled_accuracy"] == last["test/distilled_accuracy"]
 
