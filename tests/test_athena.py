@@ -73,6 +73,22 @@ def test_dbscan_with_auto_eps_recovers_separated_groups(scaling):
     assert labels.tolist() == truth.tolist() and facts["noise_clients"] == 0
 
 
+def test_default_l2_scaling_groups_clients_by_direction_not_by_how_far_they_moved():
+    # Two groups of 4 clients that differ only in direction (30 degrees apart), each client
+    # moving 1, 3, 9 or 27 times as far: clients with more data move their weights further.
+    rng = np.random.default_rng(4)
+    directions = np.array([[1.0, 0.0, 0.0], [np.cos(np.pi / 6), np.sin(np.pi / 6), 0.0]])
+    vectors = np.vstack([d * r for d in directions for r in (1.0, 3.0, 9.0, 27.0)])
+    vectors += 1e-3 * rng.normal(size=vectors.shape)
+    truth = [0, 0, 0, 0, 1, 1, 1, 1]
+
+    labels, facts = DBSCANClustering().fit(vectors)  # the default: each vector to unit norm first
+    unscaled, _ = DBSCANClustering(scaling="none").fit(vectors)
+
+    assert labels.tolist() == truth and facts["noise_clients"] == 0
+    assert unscaled.tolist() != truth  # by length, 1x of one direction is nearer 1x of the other than 3x of its own
+
+
 def test_noise_points_become_singletons_or_join_the_nearest_cluster():
     vectors, _ = _three_groups(np.random.default_rng(1))
     vectors = np.vstack([vectors, vectors[0] + 0.3])  # near group 0, but outside a tight eps
