@@ -125,6 +125,15 @@ class OptimizerConfig:
     weight_decay: float = 0.0
 
 
+def check_optimizer(cfg: OptimizerConfig) -> None:
+    """Values every client's optimizer would refuse, named before the run starts."""
+    if not cfg.lr > 0:
+        raise ValueError(f"optimizer.lr={cfg.lr} must be > 0")
+    for key in ("momentum", "weight_decay"):
+        if not getattr(cfg, key) >= 0:
+            raise ValueError(f"optimizer.{key}={getattr(cfg, key)} must be >= 0")
+
+
 @dataclass
 class FederationConfig:
     """The round structure.

@@ -18,11 +18,12 @@ from callbacks import Checkpointing, ConsoleProgress, FederatedCallback, Metrics
 from fl_lightning.checkpoint import load_checkpoint
 from fl_lightning.client import ClientContext, ClientExecutor, resolve_accelerator
 from fl_lightning.config import (DataConfig, FederationConfig, ModelConfig, OptimizerConfig, PartitionConfig,
-                                 RunConfig, TrainerConfig)
+                                 RunConfig, TrainerConfig, check_optimizer)
 from fl_lightning.data import load_dataset, partition_clients, partition_table
 from fl_lightning.data.preprocess import hold_out_validation, resize_images
 from fl_lightning.errors import RoundFailedError
 from fl_lightning.provenance import reproducibility_info
+from fl_lightning.run_lock import run_dir_lock
 from fl_lightning.models import build_architecture
 from fl_lightning.strategies import ServerContext, Strategy
 from fl_lightning.strategies.base import sample_clients  # noqa: F401  (public: tests, bench)
@@ -78,6 +79,7 @@ class Federation:
             raise ValueError(f"federation.client_timeout={f.client_timeout} must be > 0 (or unset)")
         if f.batch_size < 0:
             raise ValueError(f"federation.batch_size={f.batch_size} must be >= 0 (0 = whole local set)")
+        check_optimizer(self.optimizer)
 
     def default_callbacks(self) -> list[FederatedCallback]:
         cbs: list[FederatedCallback] = [PartitionStatistics(), MetricsLogger(self.run.logger, self.run.wandb_project),
@@ -167,10 +169,15 @@ class Federation:
     def fit(self, ckpt_path: Optional[str] = None, executor=None) -> dict[str, Any]:
         """Run the rounds. ``executor`` trains the clients (``run(jobs, round, on_result)`` ->
         (results, failures), and ``close()``): by default in this process or its workers;
-        fl_lightning.flower.FlowerExecutor sends them to Flower SuperNodes instead."""
+        fl_lightning.flower.FlowerExecutor sends them to Flower SuperNodes instead. While it
+        runs, a second fit into the same run.dir is refused (fl_lightning.run_lock)."""
         self.setup()
         if ckpt_path:
             self.load_state_dict(load_checkpoint(ckpt_path))
+        with run_dir_lock(self.run_dir):
+            return self._run_rounds(executor)
+
+    def _run_rounds(self, executor) -> dict[str, Any]:
         d = self._data
         if executor is None:
             public_x = None if self.public_x is None else self.public_x.to(d.train_x.device)

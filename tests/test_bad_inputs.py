@@ -6,15 +6,19 @@ Rows run ``cli.run`` (what ``python -m fl_lightning`` runs, without its ~5 s of 
 rows marked ``subprocess=True`` run the real ``python -m fl_lightning``. To add a row, append
 a ``Bad`` to ``BAD_INPUTS``: ``args`` are fit overrides on top of the tiny synthetic run, with
 ``{tmp}`` (the test's folder) and ``{ckpt}`` (a valid checkpoint of the tiny run) filled in,
-and ``prepare`` writes any files the row needs under ``{tmp}``."""
+and ``prepare`` writes any files the row needs under ``{tmp}`` (or starts a process the row
+needs, such as a fit holding ``{tmp}/run``: its PID fills ``{holder}`` in ``message``). A row
+with ``nothing_written`` is refused before the run directory holds any file."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import struct
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -24,6 +28,8 @@ import pytest
 import torch
 
 from fl_lightning import cli
+from fl_lightning.errors import RunDirInUseError
+from fl_lightning.run_lock import LOCK_NAME, run_dir_lock
 from tests.conftest import tiny_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,6 +45,7 @@ class Bad:
     command: str = "fit"
     status: Optional[int] = None  # the exact exit status, where it matters (2: argument errors)
     subprocess: bool = False
+    nothing_written: bool = False  # refused at setup: not even partition.csv
 
 
 # ---- files the rows prepare ---------------------------------------------------------------
@@ -94,6 +101,28 @@ def malicious_raw_pickle(tmp, ckpt):
 
 def plain_tensor_file(tmp, ckpt):
     torch.save(torch.zeros(3), tmp / "tensor.pt")
+
+
+HOLDERS: list[subprocess.Popen] = []  # processes holding a run.dir's lock, stopped after each test
+HOLD_LOCK = ("import sys\nfrom fl_lightning.run_lock import run_dir_lock\n"
+             "with run_dir_lock(sys.argv[1]):\n    print('held', flush=True)\n    sys.stdin.read()\n")
+
+
+def fit_in_progress(tmp, ckpt):
+    """Another process holds {tmp}/run's lock, as a running fit does."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp / "run")], cwd=REPO, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    HOLDERS.append(holder)
+    assert holder.stdout.readline().strip() == "held"
+
+
+@pytest.fixture(autouse=True)
+def _stop_holders():
+    yield
+    while HOLDERS:
+        holder = HOLDERS.pop()
+        holder.stdin.close()  # it leaves its block: the lock is released and its file removed
+        holder.wait(timeout=30)
 
 
 OFFLINE_FMNIST = ["--data.name", "fashion_mnist", "--data.offline_roots", "[]"]
@@ -183,6 +212,12 @@ BAD_INPUTS = [
     # FedKT
     Bad("FedKT with no teachers", ["--algorithm", "FedKT", "--algorithm.teachers", "0"],
         ("algorithm.teachers=0", ">= 1")),
+    # found by trying the CLI as a new user would (issue 16)
+    Bad("second fit into a run.dir in use", [], ("run.dir=", "run'", "is in use by another fit", "process {holder}"),
+        prepare=fit_in_progress),
+    Bad("negative learning rate", ["--optimizer.lr", "-0.1"], ("optimizer.lr=-0.1", "> 0"), nothing_written=True),
+    Bad("architecture too deep for the image size", ["--model.architecture", "vgg11"],
+        ("vgg11", "at least 32x32", "got 28x28", "data.image_size"), nothing_written=True),
 ]
 
 
@@ -220,9 +255,46 @@ def test_bad_input_is_named_and_stops_the_run_cleanly(bad, tmp_path, valid_check
 
     assert status != 0 and (bad.status is None or status == bad.status), err[-2000:]
     for needle in bad.message:
+        needle = needle.format(holder=HOLDERS[-1].pid if HOLDERS else None)
         assert needle in err, f"{needle!r} not in:\n{err[-2000:]}"
     assert "Traceback" not in err
     assert not (tmp_path / MARKER).exists(), "the checkpoint's payload ran"
     if run_dir.exists():  # nothing half-written: at most the partition table of a run that started
         left = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file())
         assert not [p for p in left if p.endswith((".ckpt", ".json")) or ".tmp" in p], left
+        assert not (bad.nothing_written and left), left
+
+
+def test_two_fits_into_one_run_dir_the_second_is_refused_and_a_dead_fit_s_lock_blocks_nothing(tmp_path, capsys):
+    run = tmp_path / "run"
+    lock = run / LOCK_NAME
+    first = subprocess.Popen([sys.executable, "-m", "fl_lightning", "fit", *tiny_args(run, "--federation.rounds", "1000")],
+                             cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(1200):  # until the first fit holds the lock (imports and setup take seconds)
+            if lock.is_file() and f'"pid": {first.pid}' in lock.read_text():
+                break
+            assert first.poll() is None, "the first fit ended early"
+            time.sleep(0.1)
+        assert exit_status(["fit", *tiny_args(run, "--federation.rounds", "1")]) == 1
+        err = capsys.readouterr().err
+        assert f"run.dir={str(run)!r} is in use by another fit: process {first.pid}" in err and "-m fl_lightning fit" in err
+        assert first.poll() is None  # the first fit goes on, untouched
+    finally:
+        first.kill()  # SIGKILL: its lock file stays behind, naming a dead process
+        first.wait()
+
+    assert lock.is_file()
+    assert exit_status(["fit", *tiny_args(run, "--federation.rounds", "1")]) == 0  # the stale lock blocks nothing
+    assert not lock.exists()  # released when the fit ends
+    assert json.loads((run / "summary.json").read_text())["rounds"] == 1
+
+
+def test_one_process_cannot_fit_twice_into_one_run_dir(tmp_path):
+    with run_dir_lock(tmp_path / "run"):
+        with pytest.raises(RunDirInUseError, match="in use by another fit in this process: process"):
+            with run_dir_lock(tmp_path / "run"):
+                pass
+    with run_dir_lock(tmp_path / "run"):  # released
+        pass

@@ -52,6 +52,9 @@ class VGG11(nn.Module):
 
     def __init__(self, in_channels: int = 3, image_size: int = 32, num_outputs: int = 10) -> None:
         super().__init__()
+        if image_size < 32:
+            raise ValueError(f"vgg11 pools five times and needs images of at least 32x32, got {image_size}x{image_size}; "
+                             f"set data.image_size: 32 (or choose another model.architecture)")
         layers: list[nn.Module] = []
         channels = in_channels
         for spec in _VGG11_LAYERS:

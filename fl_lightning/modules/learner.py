@@ -5,12 +5,11 @@ from __future__ import annotations
 import torch
 from lightning.pytorch import LightningModule
 
-from fl_lightning.config import OptimizerConfig
+from fl_lightning.config import OptimizerConfig, check_optimizer
 
 
 def build_optimizer(params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    if cfg.lr <= 0:
-        raise ValueError(f"optimizer.lr={cfg.lr} must be > 0")
+    check_optimizer(cfg)
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if cfg.name == "adam":
