@@ -257,3 +257,45 @@ def test_feddane_runs_two_client_phases_and_counts_both(tmp_path):
     assert _history(summary, "bytes/down") == [2 * model_bytes * 3] * 2
     assert all(v > 0 for v in _history(summary, "feddane/global_grad_norm"))
     assert all(math.isfinite(v) for v in _history(summary, "train/loss"))
+
+
+# ---- bytes exchanged per round, counted by hand ----------------------------------------------
+
+# Logistic regression on 28x28 inputs: 784 x 10 weights + 10 biases as one 10-class model,
+# 784 + 1 as one binary detector; float32, 4 bytes each. 10 clients, C = 0.3: 3 a round,
+# each holding 2 labels (non-IID-2).
+MODEL, DETECTOR = 784 * 10 + 10, 784 + 1
+
+
+@pytest.mark.parametrize("algorithm,down,up", [
+    ("FedOVA", 3 * 2 * DETECTOR * 4, 3 * 2 * DETECTOR * 4),  # each client's 2 detectors, both ways
+    ("SCAFFOLD", 3 * (MODEL + MODEL) * 4, 3 * (MODEL + MODEL) * 4),  # model + c down; model + delta c_i up
+    ("FIMLBFGS", 3 * MODEL * 4, 3 * (MODEL + MODEL) * 4),  # w_t down; gradient + Fisher up
+    ("FedOVAFIMLBFGS", 3 * 2 * DETECTOR * 4, 3 * 2 * (DETECTOR + DETECTOR) * 4),
+])
+def test_bytes_per_round_are_four_per_number_sent(tmp_path, algorithm, down, up):
+    summary = main(["fit", *tiny_args(tmp_path, "--federation.rounds", "1", "--algorithm", algorithm,
+                                      "--model.architecture", "logistic", "--optimizer.name", "sgd",
+                                      "--federation.local_epochs", "1")])
+    (only,) = summary["history"]
+    assert only["clients"] == 3 and (only["bytes/down"], only["bytes/up"]) == (down, up)
+
+
+def test_fedova_weighted_option_weights_each_detector_group_by_sample_counts():
+    from fl_lightning.strategies import FedOVA
+
+    def aggregated(weighted):
+        strategy = FedOVA(weighted=weighted)
+        strategy.setup(nn.Linear(2, 1), 3, OptimizerConfig(), "loop", ServerContext(num_clients=2))
+        state = {"weight": torch.zeros(3, 1, 2), "bias": torch.zeros(3, 1)}
+        results = [ClientResult(0, {"weight": torch.full((2, 1, 2), 1.0), "bias": torch.full((2, 1), 1.0)}, 100, (0, 1)),
+                   ClientResult(1, {"weight": torch.full((1, 1, 2), 4.0), "bias": torch.full((1, 1), 4.0)}, 300, (1,))]
+        new, facts = strategy.aggregate(state, results)
+        return new, facts
+
+    plain, facts = aggregated(False)
+    weighted, _ = aggregated(True)
+    assert facts == {"group_size/0": 1, "group_size/1": 2}
+    assert plain["bias"].flatten().tolist() == [1.0, 2.5, 0.0]  # detector 1: (1 + 4) / 2, Eq. (5)
+    assert weighted["bias"].flatten().tolist() == [1.0, 3.25, 0.0]  # (100 * 1 + 300 * 4) / 400
+    assert weighted["weight"][1].flatten().tolist() == [3.25, 3.25]
