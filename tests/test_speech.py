@@ -183,12 +183,15 @@ def test_kws_cnn_shapes():
 
 
 def test_fedova_on_generated_speech_through_the_cli(tmp_path):
-    write_speech_folder(tmp_path / "words")
+    write_speech_folder(tmp_path / "words", test_speakers=3)  # 30 training and 30 test clips
     args = tiny_args(tmp_path / "run", "--federation.rounds", "2", "--data.name", "speech_commands",
                      "--data.speech_commands_dir", str(tmp_path / "words"), "--data.root", str(tmp_path / "root"),
-                     "--data.offline_roots", "[]", "--model.architecture", "kws_cnn")
+                     "--data.offline_roots", "[]", "--model.architecture", "kws_cnn", "--partition.num_clients", "5",
+                     "--federation.client_fraction", "1.0", "--optimizer.name", "adam", "--optimizer.lr", "0.001")
     summary = main(["fit", *args])
 
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert written["rounds"] == 2 and written["config"]["data"]["name"] == "speech_commands"
-    assert 0 <= summary["final_accuracy"] <= 1 and "test/detector_acc/9" in written["history"][-1]
+    assert "test/detector_acc/9" in written["history"][-1]
+    # one pitch per keyword is learnable: well above chance (0.1; 12 of 30 right by chance: p < 0.001)
+    assert summary["final_accuracy"] >= 0.4
