@@ -1,9 +1,6 @@
 """ATHENA-FL: the label-group partition, DBSCAN clustering, the detector database,
 composition, the convergence criterion, and the strategy end to end on synthetic data."""
 
-import json
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -242,7 +239,7 @@ def test_sampling_takes_a_fraction_of_every_active_cluster(tmp_path):
     assert strategy.is_finished(state)
 
 
-def test_athena_run_clusters_trains_stores_and_composes_in_another_process(tmp_path):
+def test_athena_run_clusters_trains_stores_and_composes_from_the_database_alone(tmp_path):
     run = tmp_path / "run"
     summary = main(["fit", *athena_args(run, "--federation.rounds", "3")])
     probe = summary["history"][0]
@@ -253,12 +250,10 @@ def test_athena_run_clusters_trains_stores_and_composes_in_another_process(tmp_p
     assert comm["detectors"] == 10 and comm["detector_bytes"] == 130945 * 4
     db = DetectorDatabase(f"sqlite:///{run / 'detectors.sqlite'}")
     assert len(db.load()) == 10
-    # Step 6 from the database alone, in a separate process ...
+    # Step 6 from the database alone (`fl_lightning compose` reads nothing else) ...
     out = tmp_path / "pred.pt"
-    done = subprocess.run([sys.executable, "-m", "fl_lightning", "compose", "--db_url",
-                           f"sqlite:///{run / 'detectors.sqlite'}", "--data.name", "synthetic",
-                           "--data.synthetic_size", "600", "--data.image_size", "32", "--output", str(out)],
-                          check=True, capture_output=True, text=True)
+    done = main(["compose", "--db_url", f"sqlite:///{run / 'detectors.sqlite'}", "--data.name", "synthetic",
+                 "--data.synthetic_size", "600", "--data.image_size", "32", "--output", str(out)])
     separate = torch.load(out, weights_only=True)["predictions"]
     # ... equals the run's own composed model, rebuilt from its checkpoint in this process.
     from fl_lightning.checkpoint import load_checkpoint
@@ -277,7 +272,7 @@ def test_athena_run_clusters_trains_stores_and_composes_in_another_process(tmp_p
     with torch.inference_mode():
         own = strategy.predict_logits(state, data.test_x).argmax(1)
     assert torch.equal(own, separate)
-    assert abs(json.loads(done.stdout)["accuracy"] - summary["last_accuracy"]) < 1e-6
+    assert abs(done["accuracy"] - summary["last_accuracy"]) < 1e-6 and done["test_samples"] == len(own)
 
 
 def test_athena_resumed_run_equals_an_uninterrupted_one(tmp_path):
