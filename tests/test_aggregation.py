@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 
 from fl_lightning.aggregation import fedavg, one_vs_all_groups
@@ -33,3 +34,37 @@ def test_one_vs_all_averages_each_classifier_over_its_own_group_only():
     torch.testing.assert_close(new["w"][2], torch.tensor([5.0, 5.0]))
     torch.testing.assert_close(new["w"][3], torch.tensor([0.0, 0.0]))  # no client held class 3
     torch.testing.assert_close(new_w["w"][1], torch.tensor([17.5, 17.5]))  # (100*10 + 300*20) / 400
+
+
+def test_fednova_unweighted_by_hand_and_integer_buffers_averaged_as_fedavg():
+    from fl_lightning.aggregation import fednova
+
+    # w = 1; client 0 took 2 plain SGD steps to 0 (a = 2), client 1 took 4 steps to -3 (a = 4).
+    # d_i = (w - w_i) / a_i = 1/2 and 4/4. Unweighted p = (1/2, 1/2): d = 0.75,
+    # tau_eff = 1/2 * 2 + 1/2 * 4 = 3, w <- 1 - 3 * 0.75 = -1.25 (FedAvg would give -1.5).
+    global_state = {"w": torch.tensor([1.0]), "steps": torch.tensor(10)}
+    states = [{"w": torch.tensor([0.0]), "steps": torch.tensor(12)}, {"w": torch.tensor([-3.0]), "steps": torch.tensor(14)}]
+
+    plain = fednova(global_state, states, steps=[2, 4], num_samples=[100, 300], weighted=False)
+    weighted = fednova(global_state, states, steps=[2, 4], num_samples=[100, 300])
+
+    assert plain["w"].item() == -1.25 and plain["steps"].item() == 13  # buffer: mean of 12 and 14
+    # p = (1/4, 3/4): d = 1/4 * 1/2 + 3/4 * 1 = 0.875, tau_eff = 1/2 + 3 = 3.5, w = 1 - 3.0625
+    assert weighted["w"].item() == -2.0625 and weighted["steps"].item() == 13  # 13.5, truncated to int64
+
+
+def test_fednova_norm_rejects_momentum_of_one_or_more():
+    from fl_lightning.aggregation import fednova_norm
+
+    assert fednova_norm(3) == fednova_norm(3, 0.0) == 3.0
+    assert fednova_norm(2, 0.5) == pytest.approx((2 - 0.5 * (1 - 0.25) / 0.5) / 0.5)  # = 2.5 = 1 + 1.5
+    for bad in (1.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="momentum"):
+            fednova_norm(3, bad)
+
+
+def test_weighted_mean_accumulates_in_float64():
+    # float32 rounding of a running sum would lose the small states next to a large one
+    states = [{"w": torch.tensor([2.0**24], dtype=torch.float32)}] + [{"w": torch.tensor([1.0])}] * 4
+    mean = fedavg(states, [1] * 5, weighted=False)["w"]
+    assert mean.dtype == torch.float32 and mean.item() == (2.0**24 + 4) / 5  # 3355444.0, exact in float32

@@ -299,3 +299,17 @@ def test_fedova_weighted_option_weights_each_detector_group_by_sample_counts():
     assert plain["bias"].flatten().tolist() == [1.0, 2.5, 0.0]  # detector 1: (1 + 4) / 2, Eq. (5)
     assert weighted["bias"].flatten().tolist() == [1.0, 3.25, 0.0]  # (100 * 1 + 300 * 4) / 400
     assert weighted["weight"][1].flatten().tolist() == [3.25, 3.25]
+
+
+def test_client_sampling_draws_from_the_run_sampler_and_checks_the_fraction():
+    from fl_lightning.strategies.base import sample_clients
+
+    drawn = sample_clients(torch.Generator().manual_seed(7), 10, 0.3)
+    assert drawn == sorted(torch.randperm(10, generator=torch.Generator().manual_seed(7))[:3].tolist())
+    assert sample_clients(torch.Generator().manual_seed(7), 10, 0.01) == drawn[:0] + sorted(
+        torch.randperm(10, generator=torch.Generator().manual_seed(7))[:1].tolist())  # at least one
+    assert sample_clients(torch.Generator().manual_seed(7), 10, 1.0) == list(range(10))
+    for bad in (0.0, 1.01):
+        with pytest.raises(ValueError, match="client_fraction"):
+            sample_clients(torch.Generator(), 10, bad)
+    assert FedAvg().state_num_bytes({"w": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.float64)}) == 12 * 4 + 5 * 8

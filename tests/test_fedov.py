@@ -331,3 +331,82 @@ def test_fgsm_on_standardised_inputs_steps_each_pixel_away_from_unknown_by_the_p
     expected = destroyed + torch.tensor([0.002 / STD[0], -0.002 / STD[1], 0.0]).view(1, 3, 1, 1)
     torch.testing.assert_close(module.outliers["enhanced"], expected, rtol=0, atol=1e-7)
     assert bool((net(module.outliers["enhanced"]).softmax(1)[:, 2] < before).all())  # less "unknown"
+
+
+def test_training_step_weights_the_terms_as_the_paper_by_hand():
+    # FedOV's defaults (Appendix B.1): CE + 0.01 dummy + 1 mixup + 1 destroyed + 1 enhanced
+    module = OpenSetDetector(_OneFeature(), 2, OptimizerConfig("sgd", lr=0.1))
+    x, y = torch.tensor([[1.0], [1.0]]), torch.tensor([0, 1])
+    module.outliers = {"destroyed": torch.tensor([[3.0], [3.0]]), "enhanced": torch.tensor([[-1.0], [-1.0]])}
+    torch.manual_seed(1)  # pairs the two samples (see the test above)
+    total = float(module.training_step((x, y), 0))
+    real = [1.0, 2.0, 0.5]
+    expected = ((_ce(real, 0) + _ce(real, 1)) / 2 + 0.01 * (_ce([2.0, 0.5], 1) + _ce([1.0, 0.5], 1)) / 2
+                + _ce(real, 2) + _ce([3.0, 6.0, 0.5], 2) + _ce([-1.0, -2.0, 0.5], 2))
+    assert total == pytest.approx(expected, rel=1e-6)
+    assert module.outliers == {}  # used once, for this batch only
+
+
+def test_loss_terms_skip_exactly_the_named_terms():
+    module = OpenSetDetector(_OneFeature(), 2, OptimizerConfig("sgd", lr=0.1))
+    x, y = torch.tensor([[1.0], [1.0]]), torch.tensor([0, 1])
+    torch.manual_seed(1)
+    assert set(module.loss_terms(x, y, skip=frozenset({"dummy"}))) == {"ce", "mixup"}
+    torch.manual_seed(1)
+    assert set(module.loss_terms(x, y, skip=frozenset({"mixup"}))) == {"ce", "dummy"}
+
+
+def test_open_set_settings_are_checked_and_reach_the_outlier_callbacks():
+    with pytest.raises(ValueError, match="std > 0"):
+        OpenSetLoss(pixel_mean=(0.5,), pixel_std=(0.0,))
+    only_features = torch.nn.Module()
+    only_features.features = torch.nn.Identity()
+    with pytest.raises(ValueError, match="features/head"):
+        OpenSetDetector(only_features, 2, OptimizerConfig())
+    destruction, enhancement = _detector(OpenSetLoss(pixel_mean=MEAN, pixel_std=STD)).configure_callbacks()
+    assert (destruction.pixel_mean, destruction.pixel_std, enhancement.pixel_std) == (MEAN, STD, STD)
+    assert (enhancement.steps, enhancement.step_size) == (5, 0.002)
+
+
+def test_fedov_defaults_are_the_papers_appendix_b1():
+    strategy = FedOV()
+    strategy.setup(SimpleCNN(1, 28, 11), 10, OptimizerConfig("adam"), "loop", ServerContext(num_clients=2))
+    loss = strategy.loss()
+    assert (loss.dummy_weight, loss.mixup_weight, loss.mixup_alpha, loss.destruction_weight, loss.adversarial_weight,
+            loss.fgsm_steps, loss.fgsm_step_size) == (0.01, 1.0, 1.0, 1.0, 1.0, 5, 0.002)
+    assert (strategy.distill, strategy.distill_epochs, strategy.distill_lr, strategy.distill_batch_size) == (
+        False, 100, 1e-3, 64)
+    assert FedOV(top_k=1).top_k == 1
+    with pytest.raises(ValueError, match="top_k"):
+        FedOV(top_k=0)
+
+
+def test_fedov_votes_with_its_top_k_and_reports_every_k_by_hand():
+    strategy = FedOV(top_k=1)
+    torch.testing.assert_close(strategy.vote(PROBS), open_set_vote(PROBS, top_k=1))
+    strategy.member_probabilities = lambda state, x: PROBS  # 3 members, 2 samples, hand-made
+    # top-1: argmax [0.6, 0.1] -> 0, [0.2, 0.7] -> 1; top-2: [0.7, 0.3] -> 0, [0.7, 1.0] -> 1;
+    # all 3: [0.75, 0.35] -> 0, [0.8, 1.1] -> 1. With labels (0, 0): 1/2 right for every k.
+    metrics = strategy.extra_metrics({}, torch.zeros(2, 1), torch.tensor([0, 0]), None)
+    assert {k: metrics[f"topk_accuracy/{k}"] for k in (1, 2, 3)} == {1: 0.5, 2: 0.5, 3: 0.5}
+    # labels (0, 1): all right for every k; the best k is the smallest of the tied
+    metrics = strategy.extra_metrics({}, torch.zeros(2, 1), torch.tensor([0, 1]), None)
+    assert metrics["topk_best_k"] == 1 and metrics["topk_best_accuracy"] == 1.0 and "topk_accuracy/4" not in metrics
+
+
+def test_distillation_teacher_is_the_vote_normalised_to_sum_one(monkeypatch):
+    from fl_lightning.strategies import voting
+
+    strategy = FedOV(distill=True, distill_epochs=3, distill_lr=0.5, distill_batch_size=7)
+    public = torch.zeros(2, 1, 28, 28)
+    strategy.setup(SimpleCNN(1, 28, 11), 10, OptimizerConfig("adam"), "loop",
+                   ServerContext(num_clients=3, make_model=lambda n: SimpleCNN(1, 28, n), public_x=public, seed=4))
+    state = strategy.initial_state(torch.Generator().manual_seed(0))
+    strategy.member_probabilities = lambda state, x: PROBS
+    seen = {}
+    monkeypatch.setattr(voting, "distill", lambda student, x, teacher, cfg, seed, accelerator: seen.update(
+        teacher=teacher, cfg=cfg, seed=seed) or student.state_dict())
+    strategy.distilled_student(state)
+    votes = torch.tensor([[0.75, 0.35], [0.8, 1.1]])
+    torch.testing.assert_close(seen["teacher"], votes / votes.sum(1, keepdim=True))
+    assert (seen["cfg"].epochs, seen["cfg"].lr, seen["cfg"].batch_size, seen["seed"]) == (3, 0.5, 7, 4)

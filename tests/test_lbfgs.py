@@ -282,3 +282,16 @@ def test_fedova_fimlbfgs_runs_through_the_cli(tmp_path):
     assert first["bytes/up"] == 2 * 6 * detector_bytes
     assert sum(first[f"group_size/{c}"] for c in range(10) if f"group_size/{c}" in first) == 6
     assert "test/detector_acc/0" in first
+
+
+def test_a_pair_needs_curvature_strictly_above_eps():
+    from fl_lightning.lbfgs import has_curvature, push_pair
+
+    s, orthogonal, along = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 2.0]), torch.tensor([3.0, 4.0])
+    assert not has_curvature(s, orthogonal, eps=0.0)  # s . y = 0 = eps ||s|| ||y||: no curvature
+    assert has_curvature(s, along, eps=0.0) and has_curvature(s, along, eps=0.59)  # cosine 0.6
+    assert not has_curvature(s, along, eps=0.61)
+    S, Y = torch.zeros(2, 2, dtype=torch.float64), torch.zeros(2, 2, dtype=torch.float64)
+    assert push_pair(S, Y, 0, s, along, eps=0.61)[3] is False  # the caller's eps is the one applied
+    new_s, new_y, count, accepted = push_pair(S, Y, 0, s, along, eps=0.59)
+    assert accepted and count == 1 and new_s[0].tolist() == [1.0, 0.0] and new_y[0].tolist() == [3.0, 4.0]

@@ -105,3 +105,35 @@ def test_num_labels_assigns_each_sample_once_and_splits_each_class_equally_over_
         shares = table[:, c][table[:, c] > 0]
         holders = sum(c in set(np.unique(labels[p]).tolist()) for p in clients)
         assert len(shares) == holders and shares.sum() == 101 and shares.max() - shares.min() <= 1
+
+
+def test_partition_bounds_accept_their_edge_cases():
+    labels = balanced_labels(10)  # 100 samples
+    table = lambda clients: partition_table(labels, clients, 10)
+    # l = n: every client holds every label; k = n likewise
+    assert (table(non_iid_l(labels, 10, 10, np.random.default_rng(0))) > 0).all()
+    assert (table(num_labels(labels, 3, 10, np.random.default_rng(0))) > 0).all()
+    # one client, and as many clients as samples
+    assert [len(c) for c in partition_clients(labels, PartitionConfig(scheme="iid", num_clients=1), 0)] == [100]
+    assert all(len(c) == 1 for c in partition_clients(labels, PartitionConfig(scheme="iid", num_clients=100), 0))
+    # label groups of one class each, one client per group
+    groups = partition_clients(labels, PartitionConfig(scheme="label_groups", num_clients=10, labels_per_client=1), 0)
+    assert [set(labels[c].tolist()) for c in groups] == [{k} for k in range(10)]
+    # Dir(beta): min_samples x K may equal N (then every client holds exactly min_samples)
+    exact = dirichlet(np.repeat(np.arange(2), 2), 2, beta=1000.0, min_samples=2, rng=np.random.default_rng(0))
+    assert sorted(len(c) for c in exact) == [2, 2]
+    for bad in (dict(scheme="iid", num_clients=0), dict(scheme="iid", num_clients=101),
+                dict(scheme="dirichlet", num_clients=5, dirichlet_beta=0.0)):
+        with pytest.raises(ValueError):
+            partition_clients(labels, PartitionConfig(**bad), 0)
+
+
+def test_dirichlet_gives_no_class_to_clients_already_above_the_mean_size():
+    # NIID-Bench's cap: a client holding more than N/K samples gets none of the later classes.
+    # With 2 clients and Dir(0.01), class 0 goes almost whole to one client, which must then
+    # receive nothing of class 1.
+    labels = np.repeat(np.arange(2), 50)
+    clients = dirichlet(labels, 2, beta=0.01, min_samples=1, rng=np.random.default_rng(3))
+    counts = partition_table(labels, clients, 2)
+    full = int(counts[:, 0].argmax())
+    assert counts[full, 0] > 50 // 2 and counts[full, 1] == 0 and counts[1 - full, 1] == 50
