@@ -22,16 +22,17 @@ def plain_federation(fed, rounds: int) -> list[float]:
         return [plain_fedov(fed)]
     d, f, opt_cfg = fed._data, fed.federation, fed.optimizer
     sampler = torch.Generator().manual_seed(fed.seed + 1)
-    state = {k: v.clone() for k, v in fed.strategy.initial_state(torch.Generator().manual_seed(fed.seed)).items()}
+    device = d.train_x.device  # the GPU when fed runs there (its data are then on it)
+    state = {k: v.to(device) for k, v in fed.strategy.initial_state(torch.Generator().manual_seed(fed.seed)).items()}
     one_vs_all = fed.strategy.name == "fedova"
     accuracies = []
     for r in range(1, rounds + 1):
         updates = []
         for k in sample_clients(sampler, fed.partition.num_clients, f.client_fraction):
-            idx = torch.from_numpy(fed.client_indices[k])
+            idx = torch.from_numpy(fed.client_indices[k]).to(device)
             classes = torch.unique(d.train_y[idx]).tolist() if one_vs_all else [None]
             for row, c in enumerate(classes):
-                model = copy.deepcopy(fed.template)
+                model = copy.deepcopy(fed.template).to(device)
                 model.load_state_dict({n: (v[c] if one_vs_all else v) for n, v in state.items()})
                 opt = torch.optim.SGD(model.parameters(), lr=opt_cfg.lr, momentum=opt_cfg.momentum,
                                       weight_decay=opt_cfg.weight_decay)
@@ -59,7 +60,7 @@ def plain_federation(fed, rounds: int) -> list[float]:
 @torch.inference_mode()
 def _accuracy(fed, state, one_vs_all: bool) -> float:
     d = fed._data
-    model = copy.deepcopy(fed.template)
+    model = copy.deepcopy(fed.template).to(d.test_x.device)
     correct = 0
     for start in range(0, len(d.test_x), 500):
         x = d.test_x[start:start + 500]

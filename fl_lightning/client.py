@@ -131,13 +131,22 @@ def local_epochs(task: ClientTask, federation: FederationConfig) -> int:
 def extract_params(task: ClientTask, module) -> dict[str, Tensor]:
     if task.kind == "curvature":
         return module.gradient()  # what a probe sends back in place of a model
-    params = module.stacked_state() if task.kind == "detectors" else module.flat_state()
-    if task.upload is not None:
-        missing = set(task.upload) - set(params)
-        if missing:
-            raise ValueError(f"client {task.client_id}: asked to upload unknown parameters {sorted(missing)}")
-        params = {name: params[name] for name in task.upload}
-    return params
+    return upload_only(task, module.stacked_state() if task.kind == "detectors" else module.flat_state())
+
+
+def upload_only(task: ClientTask, params: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The parameters the task asks back (``task.upload``; None: all)."""
+    if task.upload is None:
+        return params
+    missing = set(task.upload) - set(params)
+    if missing:
+        raise ValueError(f"client {task.client_id}: asked to upload unknown parameters {sorted(missing)}")
+    return {name: params[name] for name in task.upload}
+
+
+def uploaded(task: ClientTask, result: ClientResult) -> ClientResult:
+    result.params = upload_only(task, result.params)
+    return result
 
 
 def _difference(minuend, subtrahend, what: str) -> Optional[dict[str, Tensor]]:
@@ -287,12 +296,51 @@ def guarded_train(ctx: ClientContext, task: ClientTask, indices: np.ndarray, rou
         result = train_client(ctx, task, indices, round_index)
     except Exception as error:  # noqa: BLE001 - any client-side error drops that client only
         return ClientFailure(task.client_id, f"{type(error).__name__}: {error}")
+    return checked(result)
+
+
+def checked(result: ClientResult):
+    """``result``, or a ``ClientFailure`` when it carries non-finite values (diverged)."""
     bad = [name for part in (result.params, result.extras) for name, t in part.items()
            if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
-        return ClientFailure(task.client_id, f"non-finite values in {bad[:3]}{'...' if len(bad) > 3 else ''} "
-                                             f"(local training diverged; loss {result.train_loss:.4g})")
+        return ClientFailure(result.client_id, f"non-finite values in {bad[:3]}{'...' if len(bad) > 3 else ''} "
+                                               f"(local training diverged; loss {result.train_loss:.4g})")
     return result
+
+
+def resolve_engine(cfg: TrainerConfig) -> str:
+    """'auto': the cohort engine on a GPU (launch-bound one client at a time), per client on a
+    CPU, where one client's steps already keep the cores busy (bench/README.md)."""
+    if cfg.engine != "auto":
+        return cfg.engine
+    return "cohort" if resolve_accelerator(cfg) == "gpu" else "per_client"
+
+
+def cohort_groups(jobs: Sequence[tuple[ClientTask, np.ndarray]], find_plugin, cohort_size: int):
+    """Job positions grouped into cohorts: tasks whose plug-in gives the same stack key, in
+    chunks of at most ``cohort_size`` members (0: no limit); and the positions that train
+    per client."""
+    groups: dict = {}
+    alone = []
+    for position, (task, indices) in enumerate(jobs):
+        found = find_plugin(task) if len(indices) else None
+        if found is None:
+            alone.append(position)
+            continue
+        plugin, key = found
+        groups.setdefault(key, (plugin, []))[1].append((position, len(plugin.members(task))))
+    cohorts = []
+    for plugin, entries in groups.values():
+        chunk, size = [], 0
+        for position, count in entries:
+            if chunk and cohort_size and size + count > cohort_size:
+                cohorts.append((plugin, chunk))
+                chunk, size = [], 0
+            chunk.append(position)
+            size += count
+        cohorts.append((plugin, chunk))
+    return cohorts, alone
 
 
 def _worker_train(args):
@@ -317,6 +365,12 @@ class ClientExecutor:
         torch.set_num_threads(cfg.threads or cores)
         quiet_lightning()
         self._pool = None
+        self.engine = resolve_engine(cfg)
+        if self.engine == "cohort":
+            from fl_lightning.cohort.engine import CohortTrainer
+
+            self.parallel = False  # one process trains the whole cohort
+            self._cohorts = CohortTrainer(ctx, make_trainer)
         if self.parallel:
             _WORKER_CTX = ctx  # inherited by fork, never pickled
             self._pool = mp.get_context("fork").Pool(cfg.workers, initializer=_worker_init, initargs=(threads,))
@@ -326,9 +380,12 @@ class ClientExecutor:
             ) -> tuple[list[ClientResult], list[ClientFailure]]:
         """Results and failures in job order; ``on_result(result, done, total)`` after each
         successful client (progress)."""
-        args = [(task, indices, round_index) for task, indices in jobs]
-        produced = (self._pool.imap(_worker_train, args, chunksize=1) if self._pool is not None
-                    else (guarded_train(self.ctx, *a) for a in args))
+        if self.engine == "cohort":
+            produced = self._run_cohorts(jobs, round_index)
+        else:
+            args = [(task, indices, round_index) for task, indices in jobs]
+            produced = (self._pool.imap(_worker_train, args, chunksize=1) if self._pool is not None
+                        else (guarded_train(self.ctx, *a) for a in args))
         results, failures = [], []
         for outcome in produced:
             if isinstance(outcome, ClientFailure):
@@ -336,8 +393,28 @@ class ClientExecutor:
                 continue
             results.append(outcome)
             if on_result is not None:
-                on_result(outcome, len(results) + len(failures), len(args))
+                on_result(outcome, len(results) + len(failures), len(jobs))
         return results, failures
+
+    def _run_cohorts(self, jobs: Sequence[tuple[ClientTask, np.ndarray]], round_index: int):
+        """Outcomes in job order: stackable tasks trained as cohorts, the rest per client."""
+        cohorts, alone = cohort_groups(jobs, self._cohorts.plugin_for, self.ctx.trainer.cohort_size)
+        outcomes: dict[int, object] = {}
+        for position in alone:
+            outcomes[position] = guarded_train(self.ctx, *jobs[position], round_index)
+        for plugin, positions in cohorts:
+            entries = [jobs[p] for p in positions]
+            seeds = [client_seed(self.ctx.seed, round_index, task.client_id) for task, _ in entries]
+            epochs = [local_epochs(task, self.ctx.federation) for task, _ in entries]
+            try:
+                trained = self._cohorts.train(plugin, entries, round_index, seeds, epochs)
+            except Exception as error:  # noqa: BLE001 - a failed cohort drops its clients only
+                trained = [ClientFailure(task.client_id, f"{type(error).__name__}: {error}") for task, _ in entries]
+            for position, (task, _), outcome in zip(positions, entries, trained):
+                if isinstance(outcome, ClientResult):
+                    outcome = checked(uploaded(task, outcome))
+                outcomes[position] = outcome
+        return [outcomes[p] for p in range(len(jobs))]
 
     def close(self) -> None:
         if self._pool is not None:

@@ -179,12 +179,24 @@ class TrainerConfig:
             (seed, round, client)). GPUs train in the main process.
         threads: torch threads per process; default: all cores with one worker, 1 per
             worker otherwise (a second busy process makes OpenMP spin-waits ~100x slower).
+        engine: auto | per_client | cohort. per_client: one Trainer fit per client, one
+            step at a time (the reference). cohort: a round's tasks that stack (same kind
+            and architecture, a client plug-in that declares its members) are trained as
+            one vectorised model by one Trainer; the others run per client. auto: cohort on
+            a GPU, per_client on a CPU (bench/README.md has the measurements).
+        cohort_size: the most members (FedOVA: (client, detector) pairs; FedAvg: clients)
+            trained together; larger cohorts are split into chunks. 0: no limit.
+        cuda_graph: on a GPU, capture the cohort's training step in one CUDA graph and
+            replay it (static shapes per round); off: eager steps.
     """
 
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
     precision: Literal["auto", "32-true", "bf16-mixed", "16-mixed"] = "auto"
     workers: int = 1
     threads: Optional[int] = None
+    engine: Literal["auto", "per_client", "cohort"] = "auto"
+    cohort_size: int = 0
+    cuda_graph: bool = True
 
 
 @dataclass

@@ -8,8 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fl_lightning.aggregation import scaffold_client_delta
+from fl_lightning.cohort.members import CohortPlugin, Member, register_cohort_plugin, weighted_mean
 from fl_lightning.config import OptimizerConfig
 from fl_lightning.modules.learner import LocalLearner
+from fl_lightning.strategies.base import ClientResult
 
 
 class MultiClassClassifier(LocalLearner):
@@ -86,3 +89,45 @@ class MultiClassClassifier(LocalLearner):
 
     def flat_state(self) -> dict[str, Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.network.state_dict().items()}
+
+
+class ClassifierCohort(CohortPlugin):
+    """The FedAvg family's client in the cohort engine: one member per client, with
+    ``MultiClassClassifier``'s loss (cross-entropy, FedProx's proximal term, FedDANE's linear
+    term about the starting point) and SCAFFOLD's c - c_i added to every gradient."""
+
+    def stack_key(self, task):
+        if task.network is not None:  # another architecture than the run's (ATHENA-FL's probe)
+            return None
+        return ("prox" if task.prox_mu > 0 else "", "linear" if task.global_gradient is not None else "",
+                "control" if task.control is not None else "")
+
+    def members(self, task):
+        from fl_lightning.client import feddane_correction, scaffold_correction
+
+        consts: dict[str, Tensor] = {}
+        linear = feddane_correction(task)
+        if task.prox_mu > 0 or linear is not None:
+            consts.update({f"start.{n}": t for n, t in task.params.items()})
+            consts["mu"] = torch.tensor(float(task.prox_mu))
+        if linear is not None:
+            consts.update({f"linear.{n}": t for n, t in linear.items()})
+        return [Member(dict(task.params), consts, scaffold_correction(task))]
+
+    def loss(self, forward, params, consts, x, y, weight):
+        loss = weighted_mean(F.cross_entropy(forward(params, x).float(), y, reduction="none"), weight)
+        if "mu" in consts:
+            distance = sum(((p - consts[f"start.{n}"]) ** 2).sum() for n, p in params.items())
+            loss = loss + consts["mu"] / 2 * distance
+        if any(k.startswith("linear.") for k in consts):
+            loss = loss + sum((consts[f"linear.{n}"] * (p - consts[f"start.{n}"])).sum() for n, p in params.items())
+        return loss
+
+    def result(self, task, params, losses, steps, num_samples):
+        (state,) = params
+        extras = scaffold_client_delta(task.params, state, task.control, steps, task.optimizer.lr) \
+            if task.control is not None else {}
+        return ClientResult(task.client_id, state, num_samples, task.classes, losses[0], steps, extras)
+
+
+register_cohort_plugin("classifier", ClassifierCohort())

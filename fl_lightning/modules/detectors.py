@@ -8,9 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fl_lightning.cohort.members import CohortPlugin, Member, register_cohort_plugin, weighted_mean
 from fl_lightning.config import OptimizerConfig
 from fl_lightning.modules.learner import LocalLearner
 from fl_lightning.modules.stacking import StackedModel
+from fl_lightning.strategies.base import ClientResult
 
 
 class BinaryDetector(LocalLearner):
@@ -46,3 +48,28 @@ class BinaryDetector(LocalLearner):
 
     def stacked_state(self) -> dict[str, Tensor]:
         return self.detectors.stacked_state()
+
+
+class DetectorCohort(CohortPlugin):
+    """FedOVA's client in the cohort engine: each of the client's detectors is one member
+    (its class is the member's constant), all drawing the client's batches; the client's
+    loss is the sum of its detectors' losses, as ``BinaryDetector.training_step`` reports."""
+
+    def stack_key(self, task):
+        return "stacked detectors"
+
+    def members(self, task):
+        return [Member({name: t[g] for name, t in task.params.items()}, {"target": torch.tensor(c)})
+                for g, c in enumerate(task.classes)]
+
+    def loss(self, forward, params, consts, x, y, weight):
+        logits = forward(params, x).squeeze(-1).float()
+        targets = (y == consts["target"]).float()
+        return weighted_mean(F.binary_cross_entropy_with_logits(logits, targets, reduction="none"), weight)
+
+    def result(self, task, params, losses, steps, num_samples):
+        stacked = {name: torch.stack([p[name] for p in params]) for name in params[0]}
+        return ClientResult(task.client_id, stacked, num_samples, task.classes, float(sum(losses)), steps)
+
+
+register_cohort_plugin("detectors", DetectorCohort())

@@ -1,0 +1,71 @@
+"""How a client task joins a cohort: the plug-in protocol and its registry.
+
+A client plug-in (one per task kind, defined next to the LightningModule that trains that
+kind alone) says which tasks stack together, splits a task into members (one model each,
+with the constants of its loss), gives one member's loss on one batch (a pure function that
+the engine vectorises over members) and turns the trained members back into the client's
+result. The engine knows no algorithm: it only calls these four methods.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Optional
+
+from torch import Tensor
+
+from fl_lightning.strategies.base import ClientResult, ClientTask
+
+#: ``forward(params, x)``: the run's architecture applied with one member's parameters
+Forward = Callable[[dict[str, Tensor], Tensor], Tensor]
+
+
+@dataclass
+class Member:
+    """One model trained in a cohort, on the data stream of its task's client."""
+
+    params: dict[str, Tensor]
+    #: tensors its loss reads besides the batch (a detector's class, FedProx's starting point);
+    #: the same keys for every member of one cohort
+    consts: dict[str, Tensor] = field(default_factory=dict)
+    #: added to the gradient before every optimizer step (SCAFFOLD's c - c_i)
+    grad_offset: Optional[dict[str, Tensor]] = None
+
+
+def weighted_mean(per_sample: Tensor, weight: Tensor) -> Tensor:
+    """The mean over a batch's real samples (padding has weight 0): equal to the plain mean
+    of the unpadded batch, which is what the member would compute alone."""
+    return (per_sample * weight).sum() / weight.sum().clamp(min=1)
+
+
+class CohortPlugin(ABC):
+    @abstractmethod
+    def stack_key(self, task: ClientTask) -> Optional[Hashable]:
+        """Tasks with equal keys train in one cohort; None: this task trains per client."""
+
+    @abstractmethod
+    def members(self, task: ClientTask) -> list[Member]:
+        """The task's members, in the order ``result`` receives them back."""
+
+    @abstractmethod
+    def loss(self, forward: Forward, params: dict[str, Tensor], consts: dict[str, Tensor], x: Tensor, y: Tensor,
+             weight: Tensor) -> Tensor:
+        """One member's training loss on one padded batch (called under ``torch.func.vmap``)."""
+
+    @abstractmethod
+    def result(self, task: ClientTask, params: list[dict[str, Tensor]], losses: list[float], steps: int,
+               num_samples: int) -> ClientResult:
+        """The client's result from its members' final parameters and last-epoch mean losses."""
+
+
+_PLUGINS: dict[str, CohortPlugin] = {}
+
+
+def register_cohort_plugin(kind: str, plugin: CohortPlugin) -> None:
+    _PLUGINS[kind] = plugin
+
+
+def cohort_plugin(kind: str) -> Optional[CohortPlugin]:
+    """The plug-in of a task kind, None when that kind trains per client only."""
+    return _PLUGINS.get(kind)
