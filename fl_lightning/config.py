@@ -183,7 +183,9 @@ class TrainerConfig:
             step at a time (the reference). cohort: a round's tasks that stack (same kind
             and architecture, a client plug-in that declares its members) are trained as
             one vectorised model by one Trainer; the others run per client. auto: cohort on
-            a GPU, per_client on a CPU (bench/README.md has the measurements).
+            a GPU, per_client on a CPU (README.md, Performance, has the measurements).
+            federation.client_timeout is enforced per client only: a cohort is not
+            interrupted, and a cohort that raises drops all of its clients from the round.
         cohort_size: the most members (FedOVA: (client, detector) pairs; FedAvg: clients)
             trained together; larger cohorts are split into chunks. 0: no limit.
         cuda_graph: on a GPU, capture the cohort's training step in one CUDA graph and

@@ -15,7 +15,7 @@ from typing import Callable, Hashable, Optional
 
 from torch import Tensor
 
-from fl_lightning.strategies.base import ClientResult, ClientTask
+from fl_lightning.messages import ClientResult, ClientTask
 
 #: ``forward(params, x)``: the run's architecture applied with one member's parameters
 Forward = Callable[[dict[str, Tensor], Tensor], Tensor]

@@ -12,7 +12,7 @@ from fl_lightning.aggregation import scaffold_client_delta
 from fl_lightning.cohort.members import CohortPlugin, Member, register_cohort_plugin, weighted_mean
 from fl_lightning.config import OptimizerConfig
 from fl_lightning.modules.learner import LocalLearner
-from fl_lightning.strategies.base import ClientResult
+from fl_lightning.messages import ClientResult
 
 
 class MultiClassClassifier(LocalLearner):

@@ -12,7 +12,7 @@ from fl_lightning.cohort.members import CohortPlugin, Member, register_cohort_pl
 from fl_lightning.config import OptimizerConfig
 from fl_lightning.modules.learner import LocalLearner
 from fl_lightning.modules.stacking import StackedModel
-from fl_lightning.strategies.base import ClientResult
+from fl_lightning.messages import ClientResult
 
 
 class BinaryDetector(LocalLearner):

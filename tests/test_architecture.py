@@ -1,0 +1,106 @@
+"""The layering of the package, read from its import statements (docs/architecture.md): each
+rule that breaks names the file and the import."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "fl_lightning"
+
+
+def imports_of(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """(line, module) of every import in ``path``, lazy ones inside functions included;
+    relative imports resolved against the file's package."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.append((node.lineno, module))
+            # `from fl_lightning import cli` imports the submodule
+            found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def python_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.py"))
+
+
+def violations(files: list[Path], forbidden: tuple[str, ...], root: Path = ROOT) -> list[str]:
+    return [f"{path.relative_to(root)}:{line} imports {module}" for path in files
+            for line, module in imports_of(path, root) if any(module == f or module.startswith(f + ".") for f in forbidden)]
+
+
+LOOP = ("fl_lightning.federation", "fl_lightning.client", "fl_lightning.cohort", "fl_lightning.settings")
+
+
+def test_data_imports_no_models_strategies_or_loop():
+    assert violations(python_files(PACKAGE / "data"), ("fl_lightning.models", "fl_lightning.modules",
+                                                        "fl_lightning.strategies", *LOOP, "lightning")) == []
+
+
+def test_models_import_no_lightning_or_loop():
+    assert violations(python_files(PACKAGE / "models"), ("lightning", "fl_lightning.modules", "fl_lightning.strategies",
+                                                          *LOOP)) == []
+
+
+def test_the_cohort_engine_imports_no_algorithm():
+    # the engine knows plug-ins only through fl_lightning.cohort.members' registry
+    assert violations(python_files(PACKAGE / "cohort"), ("fl_lightning.modules", "fl_lightning.strategies.fedova",
+                                                          "fl_lightning.strategies.fedavg", "fl_lightning.aggregation")) == []
+
+
+def test_nothing_imports_the_cli_but_its_entry_point():
+    allowed = {PACKAGE / "cli.py", PACKAGE / "__main__.py"}
+    files = [p for p in python_files(PACKAGE) + python_files(ROOT / "callbacks") + python_files(ROOT / "bench")
+             if p not in allowed]
+    assert violations(files, ("fl_lightning.cli",)) == []
+
+
+def test_no_import_cycles_between_packages():
+    """Module-level imports only (lazy imports inside functions break cycles on purpose)."""
+    def top_level(path: Path) -> set[str]:
+        tree = ast.parse(path.read_text())
+        names = set()
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fl_lightning."):
+                names.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                names |= {a.name.split(".")[1] for a in node.names if a.name.startswith("fl_lightning.")}
+        return names
+
+    packages = [p for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+    graph = {p.name: set().union(*[top_level(f) for f in python_files(p)]) - {p.name} for p in packages}
+    graph = {name: {d for d in deps if d in graph} for name, deps in graph.items()}
+
+    def cycle_from(start, node, seen):
+        for nxt in graph[node]:
+            if nxt == start:
+                return [node, nxt]
+            if nxt not in seen:
+                seen.add(nxt)
+                rest = cycle_from(start, nxt, seen)
+                if rest:
+                    return [node, *rest]
+        return None
+
+    cycles = [c for name in graph if (c := cycle_from(name, name, set()))]
+    assert cycles == [], f"package import cycles: {cycles}"
+
+
+def test_a_broken_rule_names_the_file_and_the_import(tmp_path):
+    offender = tmp_path / "fl_lightning" / "data" / "bad.py"
+    offender.parent.mkdir(parents=True)
+    offender.write_text("import os\n\ndef f():\n    from fl_lightning.models import build_architecture\n")
+
+    found = violations([offender], ("fl_lightning.models",), root=tmp_path)
+
+    assert found == ["fl_lightning/data/bad.py:4 imports fl_lightning.models",
+                     "fl_lightning/data/bad.py:4 imports fl_lightning.models.build_architecture"]
