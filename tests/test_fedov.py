@@ -384,14 +384,24 @@ def test_fedov_defaults_are_the_papers_appendix_b1():
 def test_fedov_votes_with_its_top_k_and_reports_every_k_by_hand():
     strategy = FedOV(top_k=1)
     torch.testing.assert_close(strategy.vote(PROBS), open_set_vote(PROBS, top_k=1))
-    strategy.member_probabilities = lambda state, x: PROBS  # 3 members, 2 samples, hand-made
-    # top-1: argmax [0.6, 0.1] -> 0, [0.2, 0.7] -> 1; top-2: [0.7, 0.3] -> 0, [0.7, 1.0] -> 1;
-    # all 3: [0.75, 0.35] -> 0, [0.8, 1.1] -> 1. With labels (0, 0): 1/2 right for every k.
-    metrics = strategy.extra_metrics({}, torch.zeros(2, 1), torch.tensor([0, 0]), None)
-    assert {k: metrics[f"topk_accuracy/{k}"] for k in (1, 2, 3)} == {1: 0.5, 2: 0.5, 3: 0.5}
-    # labels (0, 1): all right for every k; the best k is the smallest of the tied
-    metrics = strategy.extra_metrics({}, torch.zeros(2, 1), torch.tensor([0, 1]), None)
+    # One sample, three members: member 0 is sure of class 0, members 1 and 2 lean to class 1
+    # but are less sure it is known (unknown 0.3 and 0.4).
+    probs = torch.tensor([[[0.9, 0.0, 0.1]], [[0.0, 0.7, 0.3]], [[0.0, 0.6, 0.4]]])
+    strategy.member_probabilities = lambda state, x: probs
+    # top-1: member 0 alone -> class 0; top-2: (0.9, 0.7) -> 0; all three: (0.9, 1.3) -> 1
+    metrics = strategy.extra_metrics({}, torch.zeros(1, 1), torch.tensor([0]), None)
+    assert {k: metrics[f"topk_accuracy/{k}"] for k in (1, 2, 3)} == {1: 1.0, 2: 1.0, 3: 0.0}
     assert metrics["topk_best_k"] == 1 and metrics["topk_best_accuracy"] == 1.0 and "topk_accuracy/4" not in metrics
+    metrics = strategy.extra_metrics({}, torch.zeros(1, 1), torch.tensor([1]), None)
+    assert metrics["topk_best_k"] == 3 and metrics["topk_best_accuracy"] == 1.0
+
+
+def test_fgsm_settings_are_checked():
+    from callbacks.outliers import AdversarialOutlierEnhancement
+
+    for steps, step_size in ((0, 0.002), (5, 0.0), (5, -0.1)):
+        with pytest.raises(ValueError, match="FGSM"):
+            AdversarialOutlierEnhancement(steps, step_size)
 
 
 def test_distillation_teacher_is_the_vote_normalised_to_sum_one(monkeypatch):
