@@ -8,7 +8,8 @@
 # modules listed under [tool.mutmut] only_mutate (pyproject.toml) and runs the fast tests that
 # cover the changed function; a mutant no test notices "survives". The run happens in a copy
 # of the working tree (MUTATION_WORKDIR, default a new temporary folder), so the checkout never
-# holds a mutated file or mutmut's mutants/ folder. JOBS: parallel mutants (default 2).
+# holds a mutated file or mutmut's mutants/ folder; MUTATION_TREE=HEAD copies the last commit
+# instead of the working tree. JOBS: parallel mutants (default 2).
 # Afterwards: `cd $MUTATION_WORKDIR && mutmut show <name>` prints a survivor's diff.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,11 @@ if [ ! -x "$MUTMUT" ]; then
 fi
 WORK=${MUTATION_WORKDIR:-$(mktemp -d -t fl_lightning_mutation.XXXXXX)}
 mkdir -p "$WORK"
-git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$WORK"
+if [ -n "${MUTATION_TREE:-}" ]; then  # a commit, e.g. MUTATION_TREE=HEAD: leaves uncommitted work out
+  git archive "$MUTATION_TREE" | tar -xf - -C "$WORK"
+else  # the working tree as it is (tracked and untracked files, not the ignored ones)
+  git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$WORK"
+fi
 cd "$WORK"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 WANDB_MODE=disabled
 echo "mutation_check: in $WORK (progress: $WORK/mutmut-run.log)" >&2
