@@ -42,8 +42,9 @@ def test_fednova_unweighted_by_hand_and_integer_buffers_averaged_as_fedavg():
     # w = 1; client 0 took 2 plain SGD steps to 0 (a = 2), client 1 took 4 steps to -3 (a = 4).
     # d_i = (w - w_i) / a_i = 1/2 and 4/4. Unweighted p = (1/2, 1/2): d = 0.75,
     # tau_eff = 1/2 * 2 + 1/2 * 4 = 3, w <- 1 - 3 * 0.75 = -1.25 (FedAvg would give -1.5).
-    global_state = {"w": torch.tensor([1.0]), "steps": torch.tensor(10)}
-    states = [{"w": torch.tensor([0.0]), "steps": torch.tensor(12)}, {"w": torch.tensor([-3.0]), "steps": torch.tensor(14)}]
+    # (the integer buffer comes first: the floating tensors after it are updated too)
+    global_state = {"steps": torch.tensor(10), "w": torch.tensor([1.0])}
+    states = [{"steps": torch.tensor(12), "w": torch.tensor([0.0])}, {"steps": torch.tensor(14), "w": torch.tensor([-3.0])}]
 
     plain = fednova(global_state, states, steps=[2, 4], num_samples=[100, 300], weighted=False)
     weighted = fednova(global_state, states, steps=[2, 4], num_samples=[100, 300])

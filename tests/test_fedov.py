@@ -190,7 +190,8 @@ def test_fedov_clients_get_the_data_standardisation_for_their_outliers():
     strategy.setup(SimpleCNN(3, 32, 11), 10, OptimizerConfig("adam"), "loop",
                    ServerContext(num_clients=2, pixel_mean=MEAN, pixel_std=STD))
     task = strategy.client_task(0, {})
-    assert (task.open_set.pixel_mean, task.open_set.pixel_std) == (MEAN, STD)
+    loss = task.settings["open_set"]  # JSON: tuples travel as lists
+    assert (tuple(loss["pixel_mean"]), tuple(loss["pixel_std"])) == (tuple(MEAN), tuple(STD))
 
 
 def test_fedprox_loss_adds_the_proximal_term():
@@ -396,6 +397,16 @@ def test_fedov_votes_with_its_top_k_and_reports_every_k_by_hand():
     assert metrics["topk_best_k"] == 3 and metrics["topk_best_accuracy"] == 1.0
 
 
+def test_ensemble_trains_every_client_with_data_and_defaults_to_the_papers_distillation():
+    for strategy in (CloseSetVoting(), FedOV()):
+        strategy.setup(SimpleCNN(1, 28, strategy.num_outputs(10)), 10, OptimizerConfig("adam"), "loop",
+                       ServerContext(num_clients=3))
+        state = strategy.initial_state(torch.Generator().manual_seed(0))
+        assert strategy.configure_client(state, 2, np.array([7])) is not None  # one sample is enough
+        assert strategy.configure_client(state, 1, np.array([], dtype=np.int64)) is None
+        assert (strategy.distill_epochs, strategy.distill_lr, strategy.distill_batch_size) == (100, 1e-3, 64)
+
+
 def test_fgsm_settings_are_checked():
     from callbacks.outliers import AdversarialOutlierEnhancement
 
@@ -412,11 +423,10 @@ def test_distillation_teacher_is_the_vote_normalised_to_sum_one(monkeypatch):
     strategy.setup(SimpleCNN(1, 28, 11), 10, OptimizerConfig("adam"), "loop",
                    ServerContext(num_clients=3, make_model=lambda n: SimpleCNN(1, 28, n), public_x=public, seed=4))
     state = strategy.initial_state(torch.Generator().manual_seed(0))
-    strategy.member_probabilities = lambda state, x: PROBS
+    strategy.member_probabilities = lambda state, x: PROBS[:1]  # one member: votes sum to 0.7 and 0.2
     seen = {}
     monkeypatch.setattr(voting, "distill", lambda student, x, teacher, cfg, seed, accelerator: seen.update(
         teacher=teacher, cfg=cfg, seed=seed) or student.state_dict())
     strategy.distilled_student(state)
-    votes = torch.tensor([[0.75, 0.35], [0.8, 1.1]])
-    torch.testing.assert_close(seen["teacher"], votes / votes.sum(1, keepdim=True))
+    torch.testing.assert_close(seen["teacher"], torch.tensor([[0.6 / 0.7, 0.1 / 0.7], [0.5, 0.5]]))
     assert (seen["cfg"].epochs, seen["cfg"].lr, seen["cfg"].batch_size, seen["seed"]) == (3, 0.5, 7, 4)
