@@ -102,10 +102,14 @@ class ModelConfig:
         keyword-spotting CNN for 50x16 MFCC inputs) | simple_cnn (the 5-layer CNN of FedAvg,
         NIID-Bench and FedOV) | logistic (flatten + linear: logistic regression, the convex
         sanity check of FIM-L-BFGS) | athena_cnn (ATHENA-FL's detector, 32x32 inputs) |
-        mobilenet | mobilenet_v2 (ATHENA-FL's multi-class baselines and clustering probe)."""
+        mobilenet | mobilenet_v2 (ATHENA-FL's multi-class baselines and clustering probe).
+    hidden_units: fashion_cnn only: a fully connected layer of this many units (with ReLU)
+        before the output layer, as in McMahan et al.'s CNN (512), which FedOVA names as its
+        network's source; 0 (default): none, the flattened features feed the output layer."""
 
     architecture: Literal["fashion_cnn", "vgg11", "kws_cnn", "simple_cnn", "logistic", "athena_cnn", "mobilenet",
                           "mobilenet_v2"] = "fashion_cnn"
+    hidden_units: int = 0
 
 
 @dataclass
@@ -153,6 +157,12 @@ class FederationConfig:
         round_retries: how often a round with fewer than ``min_clients`` successes is run again
             (same clients, same seeds) before the run stops with an error.
         client_timeout: seconds a client's local training may take (none: no limit).
+        per_client_eval: also evaluate the global model on each client's own test
+            distribution whenever it is evaluated on the test set: per-class test accuracy
+            weighted by the client's training label proportions (the test samples of the
+            classes it holds, weighted like its training data), and report the mean over
+            clients with a 95 % Student-t confidence interval (fl_lightning.per_client_eval), as
+            ATHENA-FL reports its accuracies.
     """
 
     rounds: int = 100
@@ -164,6 +174,7 @@ class FederationConfig:
     min_clients: int = 1
     round_retries: int = 0
     client_timeout: Optional[float] = None
+    per_client_eval: bool = False
 
 
 @dataclass

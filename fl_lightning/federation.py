@@ -22,9 +22,10 @@ from fl_lightning.config import (DataConfig, FederationConfig, ModelConfig, Opti
 from fl_lightning.data import load_dataset, partition_clients, partition_table
 from fl_lightning.data.preprocess import hold_out_validation, resize_images
 from fl_lightning.errors import RoundFailedError
+from fl_lightning.per_client_eval import client_accuracy_summary, per_client_metrics
 from fl_lightning.provenance import reproducibility_info
 from fl_lightning.run_lock import run_dir_lock
-from fl_lightning.models import build_architecture
+from fl_lightning.models import build_architecture, check_architecture_options
 from fl_lightning.strategies import ServerContext, Strategy
 from fl_lightning.strategies.base import sample_clients  # noqa: F401  (public: tests, bench)
 
@@ -32,7 +33,10 @@ EVAL_BATCH = 500
 GPU_EVAL_BATCH = 5000  # a GPU evaluates the test set in two launches per model instead of twenty
 # Settings that may differ between a checkpoint and the run resuming it.
 _RESUMABLE_CHANGES = {"federation.rounds", "run", "trainer", "data.root", "data.offline_roots", "data.idx_gz_dir",
-                      "data.download", "data.speech_commands_dir", "data.fsdd_dir", "federation.eval_every", "ckpt_path"}
+                      "data.download", "data.speech_commands_dir", "data.fsdd_dir", "federation.eval_every", "ckpt_path",
+                      "federation.per_client_eval"}
+# Settings added after checkpoints were written: a checkpoint without one matches its default.
+_ADDED_SETTINGS = {"model.hidden_units": 0}
 
 
 class Federation:
@@ -81,6 +85,7 @@ class Federation:
         if f.batch_size < 0:
             raise ValueError(f"federation.batch_size={f.batch_size} must be >= 0 (0 = whole local set)")
         check_optimizer(self.optimizer)
+        check_architecture_options(self.model_cfg.architecture, {"hidden_units": self.model_cfg.hidden_units})
 
     def default_callbacks(self) -> list[FederatedCallback]:
         cbs: list[FederatedCallback] = [PartitionStatistics(), MetricsLogger(self.run.logger, self.run.wandb_project),
@@ -111,8 +116,10 @@ class Federation:
             self.public_x = None
 
         def make_model(num_outputs: int, architecture: Optional[str] = None):
+            # the run's architecture with its options; another one (ATHENA-FL's probe) with its defaults
+            options = {"hidden_units": self.model_cfg.hidden_units} if architecture is None else {}
             return build_architecture(architecture or self.model_cfg.architecture, d.in_channels, d.input_size,
-                                      num_outputs)
+                                      num_outputs, **options)
 
         self.template = make_model(self.strategy.num_outputs(d.num_classes))
         self.device = torch.device("cuda" if resolve_accelerator(self.trainer_cfg) == "gpu" else "cpu")
@@ -136,6 +143,12 @@ class Federation:
         if self.reported_labels is not None:
             return self.reported_labels[client_id]
         return self.train_labels[self.client_indices[client_id]]
+
+    def client_label_counts(self) -> np.ndarray:
+        """(K, classes): every client's training samples per class (per-client evaluation)."""
+        n = self._data.num_classes
+        return np.stack([np.bincount(np.asarray(self.client_labels(k), dtype=np.int64), minlength=n)[:n]
+                         for k in range(self.partition.num_clients)])
 
     def use_reported_label_counts(self, counts: dict[int, np.ndarray]) -> None:
         """Per-class sample counts reported by remote clients (no samples, only counts)."""
@@ -301,6 +314,9 @@ class Federation:
             scores.append(s)
         all_scores = torch.cat(scores)
         out = {f"{split}/accuracy": float(accuracy.compute())}
+        if split == "test" and self.federation.per_client_eval:
+            out.update({f"{split}/{k}": v for k, v in per_client_metrics(
+                all_scores.argmax(1).cpu().numpy(), y.cpu().numpy(), self.client_label_counts()).items()})
         out.update({f"{split}/{k}": v for k, v in self.strategy.extra_metrics(state, x, y.to(self.device), all_scores).items()})
         return out
 
@@ -315,6 +331,8 @@ class Federation:
             "final_accuracy": float(np.mean(window)) if window else None,
             "final_window": len(window),
             "last_accuracy": evaluated[-1] if evaluated else None,
+            **({"client_accuracy": client_accuracy_summary(self.history, self.federation.final_window)}
+               if self.federation.per_client_eval else {}),
             "bytes_total": int(sum(m["bytes/down"] + m["bytes/up"] for m in self.history)),
             "wall_time_s": wall_time,
             "seconds_per_round": float(np.mean([m["time/round_s"] for m in self.history])) if self.history else None,
@@ -342,6 +360,8 @@ def _config_differences(saved: dict, current: dict, prefix: str = "") -> list[st
         if dotted in _RESUMABLE_CHANGES or key == "config" and not prefix:
             continue
         a, b = saved.get(key), current.get(key)
+        if key not in saved and dotted in _ADDED_SETTINGS and b == _ADDED_SETTINGS[dotted]:
+            continue
         if isinstance(a, dict) and isinstance(b, dict):
             diffs += _config_differences(a, b, dotted + ".")
         elif a != b:

@@ -25,6 +25,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from fl_lightning.per_client_eval import INTERVAL, client_accuracy_summary
+
 # Published accuracies (%), keyed by (algorithm, data set, partition scheme, labels per client).
 # Source: Zhu et al., "FedOVA: One-vs-All Training Method for Federated Learning with Non-IID
 # Data", IJCNN 2021, Table I (Fashion-MNIST, non-IID-2, K=100, C=0.2, E=5, B=15). Runs with
@@ -41,8 +43,8 @@ MAX_HEATMAP_CLIENTS = 100
 
 CSV_COLUMNS = ["run", "method", "dataset", "partition", "labels_per_client", "dirichlet_beta", "share_fraction",
                "num_clients", "client_fraction", "local_epochs", "batch_size", "rounds", "final_window",
-               "final_accuracy", "last_accuracy", "checkpoint_accuracy", "paper_accuracy", "bytes_total",
-               "wall_time_s", "source", "notes"]
+               "final_accuracy", "last_accuracy", "client_accuracy", "client_accuracy_ci95", "clients_evaluated",
+               "checkpoint_accuracy", "paper_accuracy", "bytes_total", "wall_time_s", "source", "notes"]
 
 
 @dataclass
@@ -205,6 +207,8 @@ def partition_text(record: RunRecord) -> str:
 
 
 def row(record: RunRecord) -> dict[str, Any]:
+    window = int(record.setting("federation", "final_window", record.final_window or 20))
+    clients = client_accuracy_summary(record.history, window) or {}
     return {
         "run": record.run_dir.name,
         "method": record.algorithm,
@@ -221,6 +225,10 @@ def row(record: RunRecord) -> dict[str, Any]:
         "final_window": record.final_window,
         "final_accuracy": record.final_accuracy,
         "last_accuracy": record.last_accuracy,
+        # federation.per_client_eval: the last evaluation's mean over clients and 95 % half width
+        "client_accuracy": clients.get("mean"),
+        "client_accuracy_ci95": clients.get("half_width"),
+        "clients_evaluated": clients.get("clients"),
         "checkpoint_accuracy": record.checkpoint_accuracy,
         "paper_accuracy": paper_accuracy(record),
         "bytes_total": record.bytes_total,
@@ -232,6 +240,12 @@ def row(record: RunRecord) -> dict[str, Any]:
 
 def fmt_acc(value: Optional[float]) -> str:
     return "—" if value is None else f"{100 * value:.2f} %"
+
+
+def fmt_interval(mean: Optional[float], half: Optional[float]) -> str:
+    if mean is None:
+        return "—"
+    return fmt_acc(mean) if half is None or math.isnan(half) else f"{100 * mean:.2f} ± {100 * half:.2f} %"
 
 
 def fmt_bytes(value: Optional[float]) -> str:
@@ -259,15 +273,17 @@ def fmt_batch(value: Any) -> str:
 
 def markdown_table(records: list[RunRecord], rows: list[dict[str, Any]], figures: dict[str, Path]) -> str:
     with_ckpt = any(r["checkpoint_accuracy"] is not None for r in rows)
+    with_clients = any(r["client_accuracy"] is not None for r in rows)
     windows = sorted({r["final_window"] for r in rows})
     head = ["run", "method", "data set", "partition", "K", "C", "E", "B", "rounds",
             "final acc." if len(windows) != 1 else f"final acc. (last {windows[0]})", "last round",
-            *(["checkpoint acc."] if with_ckpt else []), "paper", "bytes exchanged", "wall time"]
+            *(["per-client acc. (95 % CI)"] if with_clients else []), *(["checkpoint acc."] if with_ckpt else []), "paper", "bytes exchanged", "wall time"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for rec, r in zip(records, rows):
         cells = [r["run"], r["method"], str(r["dataset"]), partition_text(rec), str(r["num_clients"]),
                  f"{r['client_fraction']:g}", str(r["local_epochs"]), fmt_batch(r["batch_size"]), str(r["rounds"]),
                  fmt_acc(r["final_accuracy"]), fmt_acc(r["last_accuracy"]),
+                 *([fmt_interval(r["client_accuracy"], r["client_accuracy_ci95"])] if with_clients else []),
                  *([fmt_acc(r["checkpoint_accuracy"])] if with_ckpt else []),
                  "—" if r["paper_accuracy"] is None else f"{r['paper_accuracy']:.1f} %",
                  fmt_bytes(r["bytes_total"]), fmt_seconds(r["wall_time_s"])]
@@ -276,6 +292,10 @@ def markdown_table(records: list[RunRecord], rows: list[dict[str, Any]], figures
             "final acc. = mean test accuracy of the last `federation.final_window` evaluated rounds; "
             "B = full: the whole local set in one batch; bytes = parameters sent down and up over all rounds; "
             "paper = FedOVA (IJCNN 2021) Table I, where the setting matches."]
+    if with_clients:
+        text.append("per-client acc. = the global model at the last evaluated round on each client's own test "
+                    "distribution (per-class test accuracy weighted by its training label proportions), mean over "
+                    "clients ± the half width of the " + INTERVAL + " (`federation.per_client_eval`).")
     if with_ckpt:
         text.append("checkpoint acc. = `checkpoints/last.ckpt` re-evaluated on the test set now.")
     notes = [f"- {r['run']}: {r['notes']}" for r in rows if r["notes"]]
@@ -355,6 +375,7 @@ def plot_accuracy(records, labels, path: Path) -> Path:
         pct = [100 * a for a in acc]
         ax.scatter(rounds, pct, s=12, alpha=0.35, color=color, linewidths=0)
         ax.plot(rounds, smooth(rounds, pct), color=color, lw=2, label=label)
+        plot_client_band(ax, rec, color)
         paper = paper_accuracy(rec)
         if paper is not None:
             ax.axhline(paper, color=color, ls="--", lw=1, alpha=0.8)
@@ -366,6 +387,20 @@ def plot_accuracy(records, labels, path: Path) -> Path:
     ax.grid(alpha=0.3)
     fig.savefig(path)
     return path
+
+
+def plot_client_band(ax, rec: RunRecord, color) -> None:
+    """federation.per_client_eval: the mean over clients per evaluated round (dashed) and its
+    95 % interval (band)."""
+    rounds, means = evaluated(rec.history, "test/client_accuracy")
+    if not rounds:
+        return
+    by_round = {int(m["round"]): m for m in rec.history}
+    half = np.array([by_round[r].get("test/client_accuracy_ci95", float("nan")) for r in rounds], dtype=float)
+    mean = 100 * np.asarray(means)
+    ax.plot(rounds, mean, color=color, lw=1, ls="--", label="  mean over clients, 95 % CI")
+    ax.fill_between(rounds, mean - 100 * np.nan_to_num(half), mean + 100 * np.nan_to_num(half), color=color,
+                    alpha=0.15, linewidth=0)
 
 
 def plot_detectors(records, labels, path: Path) -> Optional[Path]:

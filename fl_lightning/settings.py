@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, lazy_instance
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from fl_lightning.config import (DataConfig, FederationConfig, ModelConfig, OptimizerConfig, PartitionConfig,
                                  RunConfig, TrainerConfig)
-from fl_lightning.strategies import FedOVA, Strategy
+from fl_lightning.strategies import Strategy
 
+DEFAULT_ALGORITHM = "FedOVA"
 GROUPS = {
     "data": DataConfig,
     "partition": PartitionConfig,
@@ -37,12 +38,25 @@ def settings_parser(description: str = "The settings of a federation") -> Argume
     parser.add_argument("--seed", type=int, default=0, help="seeds the partition, initialisation, sampling and clients")
     for name, cls in GROUPS.items():
         parser.add_class_arguments(cls, name)
-    parser.add_subclass_arguments(Strategy, "algorithm", default=lazy_instance(FedOVA),
-                                  help="the federated algorithm (server strategy)")
+    # Optional with None, not a default instance: jsonargparse carries a default instance's
+    # init args over to another class chosen later (its issue #460), which gave every
+    # `--algorithm X` FedOVA's weighted=False; None is FedOVA with its own defaults
+    # (with_default_algorithm).
+    parser.add_argument("--algorithm", type=Optional[Strategy], default=None,
+                        help=f"the federated algorithm (server strategy); unset: {DEFAULT_ALGORITHM}")
     parser.add_argument("--ckpt_path", type=Optional[str], default=None,
                         help="fit: resume from this checkpoint ('last': the run's checkpoints/last.ckpt if there "
                              "is one, else start afresh); validate/test: evaluate it")
     return parser
+
+
+def with_default_algorithm(cfg: Namespace) -> Namespace:
+    """``algorithm`` unset: DEFAULT_ALGORITHM with its own defaults (in place; returns ``cfg``)."""
+    if cfg.get("algorithm") is None:
+        parser = ArgumentParser()
+        parser.add_argument("--algorithm", type=Optional[Strategy])
+        cfg.algorithm = parser.parse_args(["--algorithm", DEFAULT_ALGORITHM]).algorithm
+    return cfg
 
 
 def build_parser() -> ArgumentParser:
@@ -65,6 +79,7 @@ def build_federation(argv: list[str], **options: Any):
     check_config_files(parser, argv)
     cfg = parser.parse_args(argv)
     command = cfg.subcommand
+    with_default_algorithm(cfg[command])
     resolved = json.loads(parser.dump(cfg, skip_none=False, format="json_indented"))[command]
     return parser, cfg, _federation(parser.instantiate(cfg)[command], cfg[command].seed, resolved, options)
 
@@ -73,7 +88,8 @@ def federation_from_config(config: dict, **options: Any):
     """The Federation of a saved configuration (a checkpoint's or summary.json's ``config``:
     the resolved settings), checked as the command line checks them."""
     parser = settings_parser()
-    cfg = parser.parse_object({k: v for k, v in config.items() if k not in ("config", "__path__")})
+    cfg = with_default_algorithm(parser.parse_object({k: v for k, v in config.items()
+                                                      if k not in ("config", "__path__")}))
     resolved = json.loads(parser.dump(cfg, skip_none=False, format="json_indented"))
     return _federation(parser.instantiate(cfg), cfg.seed, resolved, options)
 

@@ -195,14 +195,14 @@ def test_athena_networks_sizes_and_last_layer():
 
 # ---- the strategy --------------------------------------------------------------------------
 
-def _strategy_with_two_clusters(tmp_path):
+def _strategy_with_two_clusters(tmp_path, **options):
     from fl_lightning.models import build_architecture
 
     template = build_architecture("logistic", 1, 4, 1)
     context = ServerContext(num_clients=4, make_model=lambda n, a=None: build_architecture("logistic", 1, 4, n),
                             client_validation=lambda ids: (torch.zeros(0, 1, 4, 4), torch.zeros(0, dtype=torch.long)),
                             run_dir=str(tmp_path), input_shape=(1, 4, 4))
-    strategy = AthenaFL(probe_architecture="simple_cnn")
+    strategy = AthenaFL(probe_architecture="simple_cnn", **options)
     strategy.setup(template, 4, OptimizerConfig(), "loop", context)
     state = strategy.initial_state(torch.Generator().manual_seed(0))
     state[CLIENT_CLUSTER] = torch.tensor([0, 0, 1, 1])
@@ -229,7 +229,7 @@ def test_detectors_are_averaged_within_their_cluster_weighted_by_samples(tmp_pat
 
 
 def test_sampling_takes_a_fraction_of_every_active_cluster(tmp_path):
-    strategy, state = _strategy_with_two_clusters(tmp_path)
+    strategy, state = _strategy_with_two_clusters(tmp_path, stop_converged=True)  # freezing (not the default)
     chosen = strategy.select_clients(state, torch.Generator().manual_seed(0), 4, 0.2)
     assert len(chosen) == 2 and {c // 2 for c in chosen} == {0, 1}  # one client of each cluster
     state[CONVERGED_ROUND] = torch.tensor([2, 2, 0, 0])  # cluster 0 is done

@@ -136,9 +136,9 @@ def test_scaffold_server_updates_model_and_control_variates():
                      extras={"weight": torch.tensor([[-1.0, 0.0]]), "bias": torch.tensor([-1.0])}),
     ]
     new, _ = strategy.aggregate(state, results)
-    # x <- plain mean of the y_i (weighted=False)
-    torch.testing.assert_close(new["weight"], torch.tensor([[2.0, 4.0]]))
-    torch.testing.assert_close(new["bias"], torch.tensor([2.0]))
+    # x <- mean of the y_i weighted by their samples (the default, as NIID-Bench): 10/40 and 30/40
+    torch.testing.assert_close(new["weight"], torch.tensor([[0.25 * 1 + 0.75 * 3, 0.25 * 2 + 0.75 * 6]]))
+    torch.testing.assert_close(new["bias"], torch.tensor([0.25 * 1 + 0.75 * 3]))
     # c <- c + (delta c_1 + delta c_3) / N, N = 4 clients (not the 2 sampled)
     torch.testing.assert_close(new["control_global/weight"], torch.tensor([[0.5 + 1 / 4, -1.0 + 4 / 4]]))
     torch.testing.assert_close(new["control_global/bias"], torch.tensor([0.75]))

@@ -16,14 +16,20 @@ from fl_lightning.models.mobilenets import AthenaDetectorCNN, MobileNet, MobileN
 
 class FashionCNN(nn.Module):
     """FedOVA's Fashion-MNIST CNN (Section IV-A): two 5x5 conv layers with 16 and 32
-    channels, each followed by 2x2 max pooling and ReLU, then a linear output layer.
+    channels, each followed by 2x2 max pooling and ReLU, then the output layer.
 
-    The paper names no hidden fully connected layer, so the flattened features
-    (32 x 7 x 7 with 'same' padding) feed the output layer directly.
+    FedOVA calls it "an architecture in [1]" (McMahan et al. 2017), whose CNN has a fully
+    connected layer of 512 units with ReLU before the output; FedOVA itself names no hidden
+    layer. ``hidden_units`` = 0 (the default, the network of every result so far): the
+    flattened features (32 x 7 x 7 with 'same' padding) feed the output layer directly and
+    ``head`` is that one ``nn.Linear``; ``hidden_units`` = h > 0: ``head`` is
+    Linear(features, h), ReLU, Linear(h, outputs) (512: McMahan et al.'s layer).
     """
 
-    def __init__(self, in_channels: int = 1, image_size: int = 28, num_outputs: int = 10) -> None:
+    def __init__(self, in_channels: int = 1, image_size: int = 28, num_outputs: int = 10, hidden_units: int = 0) -> None:
         super().__init__()
+        if hidden_units < 0:
+            raise ValueError(f"model.hidden_units={hidden_units} must be >= 0 (0: no hidden layer)")
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, 16, kernel_size=5, padding=2),
             nn.MaxPool2d(2),
@@ -33,7 +39,9 @@ class FashionCNN(nn.Module):
             nn.ReLU(),
             nn.Flatten(),
         )
-        self.head = nn.Linear(32 * (image_size // 4) ** 2, num_outputs)
+        flat = 32 * (image_size // 4) ** 2
+        self.head = (nn.Sequential(nn.Linear(flat, hidden_units), nn.ReLU(), nn.Linear(hidden_units, num_outputs))
+                     if hidden_units else nn.Linear(flat, num_outputs))
 
     def forward(self, x):
         return self.head(self.features(x))
@@ -153,19 +161,41 @@ ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {"fashion_cnn": FashionCNN,
                                                       "mobilenet_v2": MobileNetV2}
 
 
-def build_architecture(name: str, in_channels: int, image_size: int | tuple[int, int], num_outputs: int) -> nn.Module:
-    """``image_size``: the side of square inputs, or (H, W). Architectures for square
-    images (fashion_cnn, vgg11) get the side; those marked ``rectangular_inputs`` get (H, W)."""
+# Architecture options of ModelConfig beyond the architecture's name, and who takes each.
+ARCHITECTURE_OPTIONS: dict[str, tuple[str, ...]] = {"hidden_units": ("fashion_cnn",)}
+
+
+def check_architecture_options(name: str, options: dict[str, int]) -> None:
+    """An unknown architecture, a negative option, or an option (other than 0) that
+    ``name`` does not take, named with its dotted key."""
     if name not in ARCHITECTURES:
         raise ValueError(f"model.architecture={name!r} is unknown; choose one of {sorted(ARCHITECTURES)}")
+    for key, value in options.items():
+        if key not in ARCHITECTURE_OPTIONS:
+            raise TypeError(f"unknown architecture option {key!r}")
+        if value < 0:
+            raise ValueError(f"model.{key}={value} must be >= 0")
+        if value and name not in ARCHITECTURE_OPTIONS[key]:
+            raise ValueError(f"model.{key}={value} applies to model.architecture "
+                             f"{' | '.join(ARCHITECTURE_OPTIONS[key])} only, not {name!r} (set it to 0)")
+
+
+def build_architecture(name: str, in_channels: int, image_size: int | tuple[int, int], num_outputs: int,
+                       **options: int) -> nn.Module:
+    """``image_size``: the side of square inputs, or (H, W). Architectures for square
+    images (fashion_cnn, vgg11) get the side; those marked ``rectangular_inputs`` get (H, W).
+    ``options``: ModelConfig's architecture options (``hidden_units``); one the architecture
+    does not take is refused unless it is 0 (unset)."""
+    check_architecture_options(name, options)
+    options = {k: v for k, v in options.items() if v}
     cls = ARCHITECTURES[name]
     height, width = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     if getattr(cls, "rectangular_inputs", False):
-        return cls(in_channels=in_channels, image_size=(height, width), num_outputs=num_outputs)
+        return cls(in_channels=in_channels, image_size=(height, width), num_outputs=num_outputs, **options)
     if height != width:
         raise ValueError(f"model.architecture={name!r} needs square inputs; the data are {height}x{width} "
                          f"(speech corpora need model.architecture=kws_cnn)")
-    return cls(in_channels=in_channels, image_size=width, num_outputs=num_outputs)
+    return cls(in_channels=in_channels, image_size=width, num_outputs=num_outputs, **options)
 
 
 def reinitialised(template: nn.Module) -> nn.Module:

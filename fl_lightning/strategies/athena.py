@@ -12,8 +12,10 @@ cluster's detectors of the classes it holds (``federation.local_epochs``, batch 
 and the server averages each detector over the clients that trained it, weighted by their
 sample counts (Eq. 4). After each round every cluster's clients measure the detectors on
 their validation splits; a detector whose accuracy moved by at most ``tol`` (relative; the
-paper's 0.001 %) since the previous round has converged (Section 5.3) and, with
-``stop_converged``, stops training. Step 5: every updated detector is written to the
+paper's 0.001 %) since the previous round has converged (Section 5.3). As in the paper,
+every detector keeps training for the whole budget (``federation.rounds``) and the
+criterion only records its convergence round, from which E[e_dec] (Eq. 5) is estimated;
+with ``stop_converged`` a converged detector stops training instead. Step 5: every updated detector is written to the
 detector database (``fl_lightning.detector_db``) in one transaction per round. Step 6:
 evaluation composes a one-vs-all model from all clusters' detectors
 (``fl_lightning.composition``, ``composition`` criterion).
@@ -59,8 +61,9 @@ class AthenaFL(Strategy):
     tol: the convergence tolerance, relative (1e-5 = the paper's 0.001 %).
     patience: consecutive rounds the accuracy must stay within tol (1: the paper's criterion;
         more guards against a detector that merely repeats a constant prediction).
-    stop_converged: converged detectors stop training (and cost no more bytes); the run ends
-        when all have converged. False: train every detector for all rounds.
+    stop_converged: False (default, the paper: 200 epochs for every detector): train every
+        detector for all rounds; the criterion only estimates E[e_dec]. True: converged
+        detectors stop training (and cost no more bytes); the run ends when all have converged.
     composition: most_classes | val_accuracy | ensemble (fl_lightning.composition).
     db_url: the detector database (SQLAlchemy URL); unset: sqlite in the run folder.
     weighted: average detectors weighted by client sample counts (Eq. 4's p_kn) rather than plainly.
@@ -70,7 +73,7 @@ class AthenaFL(Strategy):
 
     def __init__(self, probe_architecture: Literal["mobilenet", "mobilenet_v2", "simple_cnn", "athena_cnn"] = "mobilenet",
                  probe_epochs: int = 1, cluster_on: Literal["last_layer", "all"] = "last_layer",
-                 clustering: Optional[DBSCANClustering] = None, tol: float = DEFAULT_TOL, stop_converged: bool = True,
+                 clustering: Optional[DBSCANClustering] = None, tol: float = DEFAULT_TOL, stop_converged: bool = False,
                  composition: Criterion = "most_classes", db_url: Optional[str] = None, weighted: bool = True,
                  patience: int = 1) -> None:
         if probe_epochs < 1:

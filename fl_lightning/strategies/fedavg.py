@@ -16,13 +16,14 @@ class FedAvg(Strategy):
     """One n-class model; the server averages the sampled clients' models.
 
     Args:
-        weighted: weight clients by their sample counts (McMahan et al.) instead of
-            Algorithm 1's plain mean.
+        weighted: weight clients by their sample counts n_k / n (McMahan et al.; NIID-Bench,
+            the FedOV paper's baseline code), the default; False: the plain mean of FedOVA's
+            Algorithm 1, line 8 (the FedOVA comparison configs set it).
     """
 
     name = "fedavg"
 
-    def __init__(self, weighted: bool = False) -> None:
+    def __init__(self, weighted: bool = True) -> None:
         self.weighted = weighted
 
     def initial_state(self, generator: torch.Generator) -> State:

@@ -31,13 +31,13 @@ class FedDANE(FedAvg):
 
     Args:
         mu: the proximal term's weight (the paper tunes it over {0.001, 0.01, 0.1, 1}).
-        weighted: weight the clients' gradients and models by their sample counts instead of
-            the plain mean.
+        weighted: weight the clients' gradients and models by their sample counts (the
+            default, as the FedProx/FedDANE code's aggregate does) or, False, plainly.
     """
 
     name = "feddane"
 
-    def __init__(self, mu: float = 0.01, weighted: bool = False) -> None:
+    def __init__(self, mu: float = 0.01, weighted: bool = True) -> None:
         super().__init__(weighted)
         if mu < 0:
             raise ValueError(f"algorithm.mu={mu} must be >= 0")

@@ -18,14 +18,14 @@ class FedDF(FedAvg):
     """Args:
         distill_epochs, distill_lr, distill_batch_size: the server's distillation (Adam),
             by default the same budget as Distilled FedOV's (100 epochs, 1e-3, 64).
-        weighted: as FedAvg's.
+        weighted: as FedAvg's (sample counts by default).
     """
 
     name = "feddf"
     uses_public_data = True
 
     def __init__(self, distill_epochs: int = 100, distill_lr: float = 1e-3, distill_batch_size: int = 64,
-                 weighted: bool = False) -> None:
+                 weighted: bool = True) -> None:
         super().__init__(weighted)
         self.distill_cfg = DistillationConfig(distill_epochs, distill_lr, distill_batch_size)
 

@@ -37,7 +37,7 @@ class FedKT(Strategy):
             (FedKT's consistent voting, as its paper describes it); false: every student
             votes (what the authors' code computes when no privacy noise is added).
         mu: FedProx's proximal weight for rounds after the first (0: FedAvg).
-        weighted: FedAvg's sample-count weighting for rounds after the first.
+        weighted: FedAvg's sample-count weighting for rounds after the first (default; False: plain mean).
 
     Every model trains with the run's optimizer and batch size; the teachers for
     ``federation.local_epochs``. Public samples that get no vote at all (no party's
@@ -49,7 +49,7 @@ class FedKT(Strategy):
 
     def __init__(self, partitions: int = 2, teachers: int = 5, student_epochs: int = 100, final_epochs: int = 100,
                  final_lr: float = 1e-3, final_batch_size: int = 64, consistent_voting: bool = True,
-                 mu: float = 0.0, weighted: bool = False) -> None:
+                 mu: float = 0.0, weighted: bool = True) -> None:
         self.party = KnowledgeTransferConfig(partitions, teachers, student_epochs)
         self.final = DistillationConfig(final_epochs, final_lr, final_batch_size)
         if mu < 0:

@@ -13,12 +13,12 @@ from fl_lightning.strategies.fedavg import FedAvg
 class FedProx(FedAvg):
     """Args:
         mu: the proximal term's weight (FedOV's paper tunes it over {0.001, 0.01, 0.1, 1}).
-        weighted: as FedAvg's.
+        weighted: as FedAvg's (sample counts by default, as NIID-Bench).
     """
 
     name = "fedprox"
 
-    def __init__(self, mu: float = 0.01, weighted: bool = False) -> None:
+    def __init__(self, mu: float = 0.01, weighted: bool = True) -> None:
         super().__init__(weighted)
         if mu < 0:
             raise ValueError(f"algorithm.mu={mu} must be >= 0")

@@ -34,13 +34,14 @@ class SCAFFOLD(FedAvg):
     variates then only approximate the local gradients).
 
     Args:
-        weighted: average the clients' models weighted by their sample counts instead of
-            the plain mean (the control variates are always averaged over all N clients).
+        weighted: average the clients' models weighted by their sample counts (the default,
+            as NIID-Bench does) or, False, plainly (the control variates are always averaged
+            over all N clients).
     """
 
     name = "scaffold"
 
-    def __init__(self, weighted: bool = False) -> None:
+    def __init__(self, weighted: bool = True) -> None:
         super().__init__(weighted)
 
     def setup(self, template: torch.nn.Module, num_classes: int, optimizer: OptimizerConfig, stacking: str,
