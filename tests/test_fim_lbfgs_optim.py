@@ -1,0 +1,104 @@
+"""The client-side FIM-L-BFGS optimizer (issue 18, item 4): its steps against hand-computed
+values, its per-sample Fisher against a loop, its pair history through state_dict."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fl_lightning.fim_lbfgs_optim import FIMLBFGSOptimizer, batch_fisher
+
+
+def _quadratic_steps(opt, w, fisher, steps):
+    values = []
+    for _ in range(steps):
+        def closure():
+            opt.zero_grad()
+            loss = ((w - 1) ** 2).sum()  # g = 2 (w - 1)
+            loss.backward()
+            return loss
+        opt.step(closure, fisher=[fisher])
+        values.append(w.item() if w.numel() == 1 else w.detach().clone())
+    return values
+
+
+def test_first_step_is_gradient_descent_then_the_pair_scales_the_gradient_by_s_over_y():
+    w = nn.Parameter(torch.tensor([2.0]))
+    opt = FIMLBFGSOptimizer([w], lr=0.25, damping=1.0)
+
+    values = _quadratic_steps(opt, w, torch.tensor([3.0]), 2)
+
+    # step 1, no pairs: w = 2 - 0.25 * g(2) = 2 - 0.25 * 2 = 1.5; s = -0.5, y = (3 + 1) s = -2
+    # step 2: one pair in 1-D, H = s / y = 1/4; g(1.5) = 1; w = 1.5 - 0.25 * (1/4) * 1 = 1.4375
+    assert values == [1.5, 1.4375]
+    state = opt.state[w]
+    assert state["count"] == 2
+    assert state["s"][:2].flatten().tolist() == [-0.5, -0.0625]
+    assert state["y"][:2].flatten().tolist() == [-2.0, -0.25]
+
+
+def test_max_step_norm_shortens_the_step():
+    w = nn.Parameter(torch.tensor([2.0]))
+    opt = FIMLBFGSOptimizer([w], lr=1.0, damping=1.0, max_step_norm=0.5)
+    assert _quadratic_steps(opt, w, torch.tensor([0.0]), 1) == [1.5]  # -2 cut to -0.5
+
+
+def test_batch_fisher_is_the_mean_squared_per_sample_gradient():
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    x, y = torch.randn(5, 3), torch.tensor([0, 1, 1, 0, 1])
+
+    fisher = batch_fisher(model, F.cross_entropy, x, y)
+
+    for i, (name, p) in enumerate(model.named_parameters()):
+        squares = []
+        for xi, yi in zip(x, y):
+            model.zero_grad()
+            F.cross_entropy(model(xi[None]), yi[None]).backward()
+            squares.append(p.grad.detach().clone() ** 2)
+        torch.testing.assert_close(fisher[i], torch.stack(squares).mean(0), rtol=1e-5, atol=1e-7)
+
+
+def test_pair_history_travels_in_state_dict():
+    def run(resume_after):
+        w = nn.Parameter(torch.tensor([2.0, -1.0]))
+        opt = FIMLBFGSOptimizer([w], lr=0.3, history=2, damping=0.5)
+        fisher = torch.tensor([1.0, 2.0])
+        _quadratic_steps(opt, w, fisher, resume_after)
+        saved = opt.state_dict()
+        w2 = nn.Parameter(w.detach().clone())
+        opt2 = FIMLBFGSOptimizer([w2], lr=0.3, history=2, damping=0.5)
+        opt2.load_state_dict(saved)
+        _quadratic_steps(opt2, w2, fisher, 4 - resume_after)
+        return w2.detach()
+
+    straight = run(4)
+    assert torch.equal(run(2), straight) and torch.equal(run(1), straight)
+
+
+def test_logistic_regression_trained_batch_by_batch_fits_its_data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=g)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+    model = nn.Linear(4, 2)
+    opt = FIMLBFGSOptimizer(model.parameters(), lr=0.5, history=5, damping=1e-2, max_step_norm=1.0)
+    before = F.cross_entropy(model(x), y).item()
+    for _ in range(5):
+        for i in range(0, 64, 16):
+            xb, yb = x[i:i + 16], y[i:i + 16]
+
+            def closure():
+                opt.zero_grad()
+                loss = F.cross_entropy(model(xb), yb)
+                loss.backward()
+                return loss
+            opt.step(closure, fisher=batch_fisher(model, F.cross_entropy, xb, yb))
+    after = F.cross_entropy(model(x), y).item()
+    assert after < 0.5 * before
+    assert (model(x).argmax(1) == y).float().mean() >= 0.9
+
+
+@pytest.mark.parametrize("kwargs", [{"lr": 0.0}, {"history": 0}, {"damping": -1.0}])
+def test_bad_settings_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        FIMLBFGSOptimizer([nn.Parameter(torch.zeros(1))], **kwargs)
