@@ -429,3 +429,22 @@ def test_distillation_teacher_is_the_vote_normalised_to_sum_one(monkeypatch):
     strategy.distilled_student(state)
     torch.testing.assert_close(seen["teacher"], torch.tensor([[0.6 / 0.7, 0.1 / 0.7], [0.5, 0.5]]))
     assert (seen["cfg"].epochs, seen["cfg"].lr, seen["cfg"].batch_size, seen["seed"]) == (3, 0.5, 7, 4)
+
+
+def test_fedov_top_k_metrics_over_a_test_set_of_several_chunks():
+    # 1500 samples are voted in chunks of 1000 and 500; member m puts probability on class
+    # (i + m) % 2 of sample i, and member 0 is the least sure the sample is unknown.
+    n = 1500
+    i = torch.arange(n)
+    probs = torch.zeros(3, n, 3)
+    for m, unknown in enumerate((0.1, 0.2, 0.3)):
+        probs[m, i, (i + m) % 2] = 1 - unknown
+        probs[m, :, 2] = unknown
+    strategy = FedOV()
+    strategy.member_probabilities = lambda state, x: probs[:, x.long().flatten()]  # x holds sample indices
+    y = i % 2  # member 0 is right everywhere; members 0 and 2 agree, member 1 disagrees
+    metrics = strategy.extra_metrics({}, i.float().view(n, 1), y, None)
+    # top-1: member 0 -> all right; top-2: 0.9 vs 0.8 -> member 0 wins; all: 0.9 + 0.7 vs 0.8 -> right
+    assert {k: metrics[f"topk_accuracy/{k}"] for k in (1, 2, 3)} == {1: 1.0, 2: 1.0, 3: 1.0}
+    metrics = strategy.extra_metrics({}, i.float().view(n, 1), 1 - y, None)
+    assert {k: metrics[f"topk_accuracy/{k}"] for k in (1, 2, 3)} == {1: 0.0, 2: 0.0, 3: 0.0}

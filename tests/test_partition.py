@@ -119,6 +119,9 @@ def test_partition_bounds_accept_their_edge_cases():
     # label groups of one class each, one client per group
     groups = partition_clients(labels, PartitionConfig(scheme="label_groups", num_clients=10, labels_per_client=1), 0)
     assert [set(labels[c].tolist()) for c in groups] == [{k} for k in range(10)]
+    # one group of all 10 classes
+    whole = partition_clients(labels, PartitionConfig(scheme="label_groups", num_clients=2, labels_per_client=10), 0)
+    assert all(set(labels[c].tolist()) == set(range(10)) for c in whole)
     # Dir(beta): min_samples x K may equal N (then every client holds exactly min_samples)
     exact = dirichlet(np.repeat(np.arange(2), 2), 2, beta=1000.0, min_samples=2, rng=np.random.default_rng(0))
     assert sorted(len(c) for c in exact) == [2, 2]
@@ -135,3 +138,26 @@ def test_dirichlet_gives_no_class_to_clients_already_at_the_mean_size():
     clients = dirichlet(labels, 3, beta=0.01, min_samples=0, rng=np.random.default_rng(0))
     assert sorted(np.concatenate(clients).tolist()) == list(range(120))
     assert max(len(c) for c in clients) <= 49  # uncapped, this draw gives a client 51
+
+
+def test_num_labels_with_few_clients_gives_each_exactly_k_classes_whole():
+    # 3 clients x 3 classes leave classes no one drew; those after them are still dealt
+    labels = np.repeat(np.arange(10), 7)
+    clients = num_labels(labels, 3, 3, np.random.default_rng(5))
+    table = partition_table(labels, clients, 10)
+    assert ((table > 0).sum(1) == 3).all()
+    held = table.sum(0) > 0
+    assert (~held).any() and (table.sum(0)[held] == 7).all()
+
+
+def test_a_partition_that_leaves_a_client_empty_is_refused_and_sharing_draws_distinct_samples():
+    # #C=1 over 4 clients: class 1's single sample cannot be split over clients 1 and 3
+    with pytest.raises(ValueError, match="leaves 1 of 4 clients with no samples"):
+        partition_clients(np.array([0, 0, 0, 1]), PartitionConfig(scheme="num_labels", num_clients=4,
+                                                                   labels_per_client=1), 0)
+    labels = balanced_labels(10)  # 100 samples, 2 clients: |D_k| = 50
+    one = partition_clients(labels, PartitionConfig(scheme="iid", num_clients=2, share_fraction=0.001), 0)
+    assert len(one[0]) == 50 + 1  # at least one shared sample, and no more
+    many = partition_clients(labels, PartitionConfig(scheme="iid", num_clients=2, share_fraction=1.6), 0)
+    shared = many[0][50:]
+    assert len(shared) == 80 and len(set(shared.tolist())) == 80  # D_s: 80 distinct samples
