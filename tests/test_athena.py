@@ -9,6 +9,7 @@ import torch
 
 from fl_lightning.cli import main
 from fl_lightning.clustering import DBSCANClustering, auto_eps, label_set_ids
+from fl_lightning.clustering import k_distances, relabel
 from fl_lightning.composition import OneVsAllModel, choose_detectors
 from fl_lightning.config import OptimizerConfig, PartitionConfig
 from fl_lightning.convergence import convergence_index, has_converged, multiclass_communication
@@ -112,6 +113,143 @@ def test_new_client_joins_its_nearest_group_or_opens_a_new_one():
 
 def test_label_set_ids_group_equal_label_sets():
     assert label_set_ids([(0, 1), (2, 3), (1, 0), (2, 3), (4,)]).tolist() == [0, 1, 0, 1, 2]
+
+
+# ---- clustering, by hand (each branch of fl_lightning/clustering.py; docs/mutation.md) ---------
+
+def test_clustering_settings_refuse_a_non_positive_eps_or_min_samples_below_one():
+    for eps in (0, 0.0, -1.0):
+        with pytest.raises(ValueError, match="clustering.eps"):
+            DBSCANClustering(eps=eps)
+    with pytest.raises(ValueError, match="clustering.min_samples"):
+        DBSCANClustering(min_samples=0)
+    # the smallest accepted values: any eps above 0, min_samples 1 (every client a core point)
+    labels, facts = DBSCANClustering(eps=1e-9, min_samples=1, scaling="none").fit(np.array([[0.0], [1.0], [1.0]]))
+    assert labels.tolist() == [0, 1, 1] and facts == {"eps": 1e-9, "noise_clients": 0}
+    assert DBSCANClustering(eps=0.5).eps == 0.5 and DBSCANClustering().eps == "auto"
+
+
+def test_scale_by_hand_and_by_sklearn():
+    from sklearn.preprocessing import StandardScaler, normalize
+
+    # l2: each row to unit norm (a norm below 1 too); a zero row stays zero instead of NaN
+    v = np.array([[3.0, 4.0], [0.0, 0.5], [0.0, 0.0]], dtype=np.float32)
+    l2 = DBSCANClustering(scaling="l2").scale(v)
+    assert l2.dtype == np.float64 and l2.tolist() == [[0.6, 0.8], [0.0, 1.0], [0.0, 0.0]]
+    assert np.allclose(l2, normalize(v.astype(np.float64)))
+    # standard: z-score per feature (population std, as sklearn's StandardScaler); a constant
+    # feature (std 0) becomes 0; a feature with std below 1 is scaled up too
+    w = np.array([[0.0, 10.0, 5.0], [1.0, 30.0, 5.0]], dtype=np.float32)
+    standard = DBSCANClustering(scaling="standard").scale(w)
+    assert standard.dtype == np.float64 and standard.tolist() == [[-1.0, -1.0, 0.0], [1.0, 1.0, 0.0]]
+    assert np.allclose(standard, StandardScaler().fit_transform(w.astype(np.float64)))
+    # none: the values as they are, in float64
+    none = DBSCANClustering(scaling="none").scale(w)
+    assert none.dtype == np.float64 and none.tolist() == w.tolist()
+
+
+def test_auto_eps_is_the_geometric_midpoint_of_the_largest_gap_by_hand():
+    # 1-D clients 0, 1, 10, 11: distances {1, 9, 10, 11}; ratios 9, 10/9, 11/10: the gap is
+    # between 1 and 9, eps = sqrt(1 * 9) = 3
+    assert auto_eps(np.array([[0.0], [1.0], [10.0], [11.0]])) == pytest.approx(3.0, rel=1e-12)
+    # two distinct distances {1, 2}: ratio 2 >= 1.5, eps = sqrt(2); a ratio equal to
+    # min_gap_ratio is a gap
+    line = np.array([[0.0], [1.0], [2.0]])
+    assert auto_eps(line) == pytest.approx(np.sqrt(2.0), rel=1e-12)
+    assert auto_eps(line, min_gap_ratio=2.0) == pytest.approx(np.sqrt(2.0), rel=1e-12)
+    # the metric is the one asked for: cityblock distances {2, 10, 12}, eps = sqrt(2 * 10)
+    # (euclidean would give {sqrt 2, sqrt 82, 10, sqrt 122}, eps = (2 * 82) ** 0.25)
+    square = np.array([[0.0, 0.0], [1.0, 1.0], [10.0, 0.0], [11.0, 1.0]])
+    assert auto_eps(square, "cityblock") == pytest.approx(np.sqrt(20.0), rel=1e-12)
+    assert auto_eps(square) == pytest.approx(164.0 ** 0.25, rel=1e-12)
+
+
+def test_auto_eps_without_a_gap_covers_every_distance_and_handles_fewer_than_two_distances():
+    # no ratio reaches min_gap_ratio: eps = 1.01 x the largest distance (one cluster)
+    assert auto_eps(np.array([[0.0], [1.0], [3.0]]), min_gap_ratio=3.0) == pytest.approx(3.03, rel=1e-12)
+    assert auto_eps(np.array([[0.0], [1.0], [2.0]]), min_gap_ratio=3.0) == pytest.approx(2.02, rel=1e-12)
+    # one distinct non-zero distance (zero distances skipped): 1.5 x it
+    assert auto_eps(np.array([[0.0], [2.0]])) == pytest.approx(3.0, rel=1e-12)
+    assert auto_eps(np.array([[0.0], [2.0], [0.0]])) == pytest.approx(3.0, rel=1e-12)
+    assert auto_eps(np.array([[0.0, 0.25], [0.25, 0.0]]), "cityblock") == pytest.approx(0.75, rel=1e-12)
+    # no non-zero distance (identical clients, or one client): 1.0
+    assert auto_eps(np.array([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])) == 1.0
+    assert auto_eps(np.array([[0.5, 0.5]])) == 1.0
+
+
+def test_k_distances_by_hand_and_by_nearest_neighbours():
+    from sklearn.neighbors import NearestNeighbors
+
+    # 1-D clients 0, 1, 3, 7: rows of sorted distances [0 1 3 7], [0 1 2 6], [0 2 3 4], [0 4 6 7]
+    line = np.array([[0.0], [1.0], [3.0], [7.0]])
+    assert k_distances(line, 1).tolist() == [1.0, 1.0, 2.0, 4.0]
+    assert k_distances(line, 2).tolist() == [2.0, 3.0, 3.0, 6.0]
+    assert k_distances(line, 10).tolist() == [4.0, 6.0, 7.0, 7.0]  # k capped at the farthest other client
+    for k in (1, 2, 3):
+        nn = NearestNeighbors(n_neighbors=k + 1).fit(line).kneighbors(line)[0][:, k]
+        assert np.allclose(k_distances(line, k), np.sort(nn))
+    # the metric is the one asked for: cityblock (0,0)-(1,1) = 2, (0,0)-(3,0) = 3, (1,1)-(3,0) = 3
+    triangle = np.array([[0.0, 0.0], [1.0, 1.0], [3.0, 0.0]])
+    assert k_distances(triangle, 1, "cityblock").tolist() == [2.0, 2.0, 3.0]
+
+
+def test_fit_with_an_explicit_eps_and_metric_makes_noise_clients_singletons_by_hand():
+    from sklearn.cluster import DBSCAN
+
+    # cityblock, eps 1.5: (0,0)-(1,1) is 2 (noise both; euclidean sqrt 2 would pair them),
+    # (10,0)-(11,0) is 1 (a cluster)
+    v = np.array([[0.0, 0.0], [1.0, 1.0], [10.0, 0.0], [11.0, 0.0]])
+    clustering = DBSCANClustering(eps=1.5, metric="cityblock", scaling="none")
+    assert DBSCAN(eps=1.5, min_samples=2, metric="cityblock").fit_predict(v).tolist() == [-1, -1, 0, 0]
+    labels, facts = clustering.fit(v)
+    assert labels.tolist() == [0, 1, 2, 2] and facts == {"eps": 1.5, "noise_clients": 2}
+
+
+def test_fit_with_auto_eps_uses_the_metric():
+    square = np.array([[0.0, 0.0], [1.0, 1.0], [10.0, 0.0], [11.0, 1.0]])
+    labels, facts = DBSCANClustering(metric="cityblock", scaling="none").fit(square)
+    assert labels.tolist() == [0, 0, 1, 1] and facts["noise_clients"] == 0
+    assert facts["eps"] == pytest.approx(np.sqrt(20.0), rel=1e-12)  # cityblock {2, 10, 12}, not euclidean
+
+
+def test_nearest_noise_rule_joins_each_noise_client_to_its_nearest_clustered_client_by_hand():
+    # cityblock, eps 1.5: clusters B = {(10,0), (11,0)} and A = {(8,3), (8,4)}; two noise clients:
+    # (5,0) is 5 from B's (10,0) and 6 from A's (8,3) (euclidean: 5 and 4.24, it would join A);
+    # (8,7) is 3 from A's (8,4) and 9 from B
+    v = np.array([[10.0, 0.0], [11.0, 0.0], [5.0, 0.0], [8.0, 3.0], [8.0, 4.0], [8.0, 7.0]])
+    labels, facts = DBSCANClustering(eps=1.5, metric="cityblock", scaling="none", noise="nearest").fit(v)
+    assert labels.tolist() == [0, 0, 0, 1, 1, 1] and facts == {"eps": 1.5, "noise_clients": 2}
+    # every client noise: there is no cluster to join, each becomes its own
+    labels, facts = DBSCANClustering(eps=1.0, scaling="none", noise="nearest").fit(np.array([[0.0], [10.0], [20.0]]))
+    assert labels.tolist() == [0, 1, 2] and facts == {"eps": 1.0, "noise_clients": 3}
+
+
+def test_relabel_numbers_clusters_by_first_appearance_as_integers():
+    assert relabel(np.array([5, -1, 5, 3, -1])).tolist() == [0, 1, 0, 2, 1]
+    empty = relabel(np.array([]))
+    assert empty.dtype == np.int64 and empty.size == 0  # usable as an index array
+
+
+def test_assign_by_hand_with_auto_eps_an_explicit_eps_and_a_metric():
+    from sklearn.cluster import DBSCAN
+
+    # known 1-D clients 0, 1, 10, 12 in clusters 0, 0, 1, 1: distances {1, 2, 9, 10, 11, 12},
+    # largest ratio 9 / 2, eps = sqrt(18) = 4.24 (from all four known clients)
+    known, known_labels = np.array([[0.0], [1.0], [10.0], [12.0]]), np.array([0, 0, 1, 1])
+    assert auto_eps(known) == pytest.approx(np.sqrt(18.0), rel=1e-12)
+    auto = DBSCANClustering(scaling="none")
+    assert auto.assign(known, known_labels, np.array([15.5])) == 1  # 3.5 from the last known client
+    assert auto.assign(known, known_labels, np.array([17.0])) == 2  # 5 > 4.24: a new cluster
+    # an explicit eps, inclusive like DBSCAN's neighbourhood: 3.5 joins at eps 3.5, not at 3
+    assert DBSCANClustering(eps=3.0, scaling="none").assign(known, known_labels, np.array([15.5])) == 2
+    assert DBSCANClustering(eps=3.5, scaling="none").assign(known, known_labels, np.array([15.5])) == 1
+    assert DBSCAN(eps=3.5, min_samples=2).fit_predict(np.array([[12.0], [15.5]])).tolist() == [0, 0]
+    # cityblock, auto eps sqrt(20) = 4.47 (euclidean's would be 3.58): (11,5) is 4 from (11,1)
+    # and joins; (14,4) is 6 from (11,1) (euclidean 4.24) and opens a new cluster
+    square = np.array([[0.0, 0.0], [1.0, 1.0], [10.0, 0.0], [11.0, 1.0]])
+    city = DBSCANClustering(metric="cityblock", scaling="none")
+    assert city.assign(square, known_labels, np.array([11.0, 5.0])) == 1
+    assert city.assign(square, known_labels, np.array([14.0, 4.0])) == 2
 
 
 # ---- convergence -------------------------------------------------------------------------
