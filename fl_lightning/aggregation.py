@@ -111,23 +111,15 @@ def scaffold_client_delta(
             for name, c in control.items()}
 
 
-def scaffold_controls(
-    control: dict[str, Tensor],
-    client_controls: dict[str, Tensor],
-    deltas: Sequence[tuple[int, dict[str, Tensor]]],
-    num_clients: int,
-) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """SCAFFOLD's server update of the control variates (global learning rate 1):
-    c <- c + (1/N) sum_i delta c_i over the participating clients (N: all clients), and
-    c_i <- c_i + delta c_i = c_i+ for them. ``client_controls`` holds every client's c_i
-    stacked (N, ...); ``deltas`` are (client id, delta c_i)."""
-    new_c, new_ci = {}, {}
+def scaffold_server_control(control: dict[str, Tensor], deltas: Sequence[dict[str, Tensor]],
+                            num_clients: int) -> dict[str, Tensor]:
+    """SCAFFOLD's server update of its control variate (global learning rate 1):
+    c <- c + (1/N) sum_i delta c_i over the participating clients (N: all clients). Each
+    client updates its own c_i <- c_i + delta c_i itself."""
+    new_c = {}
     for name, c in control.items():
-        stacked = client_controls[name].double().clone()
         total = torch.zeros_like(c, dtype=torch.float64)
-        for client_id, delta in deltas:
-            stacked[client_id] += delta[name].double()
+        for delta in deltas:
             total += delta[name].double()
         new_c[name] = (c.double() + total / num_clients).to(c.dtype)
-        new_ci[name] = stacked.to(client_controls[name].dtype)
-    return new_c, new_ci
+    return new_c

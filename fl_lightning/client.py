@@ -14,11 +14,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.aggregation import scaffold_client_delta
 from fl_lightning.config import FederationConfig, TrainerConfig
-from fl_lightning.data.batches import ClientBatches
-from fl_lightning.modules import BinaryDetector, CurvatureProbe, MultiClassClassifier, OpenSetDetector
-from fl_lightning.strategies.base import ClientResult, ClientTask
+from fl_lightning.messages import ClientResult, ClientTask, State
+from fl_lightning.plugins import client_plugin, upload_only
 
 
 @dataclass
@@ -103,82 +101,6 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 
 
-def build_module(task: ClientTask, template: nn.Module):
-    if task.kind == "detectors":
-        return BinaryDetector(template, task.classes, task.params, task.optimizer, stacking=task.stacking)
-    if task.kind == "curvature":  # FIM-L-BFGS's ClientUpdate, FedDANE's gradient phase: no training
-        return CurvatureProbe.from_state(template, task.params, task.classes, fisher=task.fisher)
-    if task.kind in ("classifier", "open_set"):
-        import copy
-
-        network = copy.deepcopy(task.network if task.network is not None else template)
-        network.load_state_dict(task.params)
-        if task.kind == "open_set":
-            return OpenSetDetector(network, task.num_classes, task.optimizer, task.open_set)
-        return MultiClassClassifier(network, task.optimizer, prox_mu=task.prox_mu, control=scaffold_correction(task),
-                                    linear=feddane_correction(task))
-    raise ValueError(f"unknown client task kind {task.kind!r}")
-
-
-def local_epochs(task: ClientTask, federation: FederationConfig) -> int:
-    """E, except for curvature probes (one pass however many local epochs a run sets) and
-    tasks that set their own (ATHENA-FL's clustering probe)."""
-    if task.kind == "curvature":
-        return 1
-    return task.epochs if task.epochs is not None else federation.local_epochs
-
-
-def extract_params(task: ClientTask, module) -> dict[str, Tensor]:
-    if task.kind == "curvature":
-        return module.gradient()  # what a probe sends back in place of a model
-    return upload_only(task, module.stacked_state() if task.kind == "detectors" else module.flat_state())
-
-
-def upload_only(task: ClientTask, params: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The parameters the task asks back (``task.upload``; None: all)."""
-    if task.upload is None:
-        return params
-    missing = set(task.upload) - set(params)
-    if missing:
-        raise ValueError(f"client {task.client_id}: asked to upload unknown parameters {sorted(missing)}")
-    return {name: params[name] for name in task.upload}
-
-
-def uploaded(task: ClientTask, result: ClientResult) -> ClientResult:
-    result.params = upload_only(task, result.params)
-    return result
-
-
-def _difference(minuend, subtrahend, what: str) -> Optional[dict[str, Tensor]]:
-    """minuend - subtrahend per tensor; None when the task carries neither."""
-    if minuend is None:
-        return None
-    if subtrahend is None:
-        raise ValueError(f"a {what} task needs both terms of its correction")
-    return {k: v - subtrahend[k] for k, v in minuend.items()}
-
-
-def scaffold_correction(task: ClientTask) -> Optional[dict[str, Tensor]]:
-    """SCAFFOLD: c - c_i, added to every local gradient (None for other algorithms)."""
-    return _difference(task.control, task.client_control, "SCAFFOLD (server and client control variates)")
-
-
-def feddane_correction(task: ClientTask) -> Optional[dict[str, Tensor]]:
-    """FedDANE: grad f(w_t) - grad F_k(w_t), the linear term's coefficient (None for other algorithms)."""
-    return _difference(task.global_gradient, task.local_gradient, "FedDANE (global and local gradients)")
-
-
-def extract_extras(task: ClientTask, module, params: dict[str, Tensor], steps: int) -> dict[str, Tensor]:
-    """What a client sends back besides its model: SCAFFOLD's delta c_i (option II), from
-    the model it started from, its final model and its K = ``steps`` local SGD steps; a
-    probe's diagonal Fisher when asked for."""
-    if task.kind == "curvature":
-        return module.diagonal_fisher() if task.fisher else {}
-    if task.control is None:
-        return {}
-    return scaffold_client_delta(task.params, params, task.control, steps, task.optimizer.lr)
-
-
 @dataclass
 class ClientContext:
     """What every client fit shares: the whole data set and the run's settings."""
@@ -224,24 +146,16 @@ def deadline_callbacks(ctx: ClientContext) -> list:
         "on_train_batch_end": lambda self, *args, **kwargs: deadline.check()})()]
 
 
-def train_client(ctx: ClientContext, task: ClientTask, indices: np.ndarray, round_index: int) -> ClientResult:
+def train_client(ctx: ClientContext, task: ClientTask, indices: np.ndarray, round_index: int,
+                 client_state: Optional[State] = None) -> ClientResult:
+    """One client's local training by the plug-in of its task's kind; ``client_state`` is what
+    this client kept from its earlier rounds."""
     seed = client_seed(ctx.seed, round_index, task.client_id)
     torch.manual_seed(seed)
-    callbacks = deadline_callbacks(ctx)
-    if task.kind == "knowledge_transfer":
-        from fl_lightning.knowledge_transfer import train_party
-
-        return train_party(ctx, task, indices, seed, _classifier_fitter(ctx, task, callbacks))
-    batches = ClientBatches(ctx.x, ctx.y, torch.from_numpy(indices), ctx.federation.batch_size,
-                            torch.Generator().manual_seed(seed))
-    module = build_module(task, ctx.template)
-    steps, last_epoch = fit_module(ctx, module, batches, local_epochs(task, ctx.federation), callbacks)
-    params = extract_params(task, module)
-    return ClientResult(task.client_id, params, len(indices), task.classes, last_epoch, steps,
-                        extract_extras(task, module, params, steps))
+    return client_plugin(task.kind).train(ctx, task, indices, seed, deadline_callbacks(ctx), dict(client_state or {}))
 
 
-def fit_module(ctx: ClientContext, module, batches: ClientBatches, epochs: int, callbacks: Sequence = ()):
+def fit_module(ctx: ClientContext, module, batches, epochs: int, callbacks: Sequence = ()):
     """Trains ``module`` for ``epochs``; (optimizer steps, mean loss of the last epoch)."""
     losses: list[Tensor] = []
     module.training_step = _recording(module.training_step, losses, len(batches))
@@ -249,21 +163,6 @@ def fit_module(ctx: ClientContext, module, batches: ClientBatches, epochs: int, 
     trainer.fit(module, train_dataloaders=batches)
     last_epoch = torch.stack(losses[-len(batches):]).mean().item() if losses else float("nan")
     return trainer.global_step, last_epoch
-
-
-def _classifier_fitter(ctx: ClientContext, task: ClientTask, callbacks: Sequence):
-    """``fit(network, x, y, indices, epochs, seed) -> (network, steps, last-epoch loss)``:
-    cross-entropy training of one network by a per-client Trainer (FedKT's teachers and
-    students)."""
-
-    def fit(network: nn.Module, x: Tensor, y: Tensor, indices: np.ndarray, epochs: int, seed: int):
-        batches = ClientBatches(x, y, torch.as_tensor(indices), ctx.federation.batch_size,
-                                torch.Generator().manual_seed(seed))
-        module = MultiClassClassifier(network, task.optimizer)
-        steps, loss = fit_module(ctx, module, batches, epochs, callbacks)
-        return module.network, steps, loss
-
-    return fit
 
 
 def _recording(step_fn, losses: list, keep: int):
@@ -289,11 +188,12 @@ def _worker_init(threads: int) -> None:
     quiet_lightning()
 
 
-def guarded_train(ctx: ClientContext, task: ClientTask, indices: np.ndarray, round_index: int):
+def guarded_train(ctx: ClientContext, task: ClientTask, indices: np.ndarray, round_index: int,
+                  client_state: Optional[State] = None):
     """``train_client``, with any exception (or non-finite output) turned into a
     ``ClientFailure``: one broken client must not end the round for the others."""
     try:
-        result = train_client(ctx, task, indices, round_index)
+        result = train_client(ctx, task, indices, round_index, client_state)
     except Exception as error:  # noqa: BLE001 - any client-side error drops that client only
         return ClientFailure(task.client_id, f"{type(error).__name__}: {error}")
     return checked(result)
@@ -301,7 +201,7 @@ def guarded_train(ctx: ClientContext, task: ClientTask, indices: np.ndarray, rou
 
 def checked(result: ClientResult):
     """``result``, or a ``ClientFailure`` when it carries non-finite values (diverged)."""
-    bad = [name for part in (result.params, result.extras) for name, t in part.items()
+    bad = [name for part in (result.params, result.payload) for name, t in part.items()
            if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
         return ClientFailure(result.client_id, f"non-finite values in {bad[:3]}{'...' if len(bad) > 3 else ''} "
@@ -329,7 +229,7 @@ def cohort_groups(jobs: Sequence[tuple[ClientTask, np.ndarray]], find_plugin, co
             alone.append(position)
             continue
         plugin, key = found
-        groups.setdefault(key, (plugin, []))[1].append((position, len(plugin.members(task))))
+        groups.setdefault(key, (plugin, []))[1].append((position, plugin.member_count(task)))
     cohorts = []
     for plugin, entries in groups.values():
         chunk, size = [], 0
@@ -344,8 +244,7 @@ def cohort_groups(jobs: Sequence[tuple[ClientTask, np.ndarray]], find_plugin, co
 
 
 def _worker_train(args):
-    task, indices, round_index = args
-    return guarded_train(_WORKER_CTX, task, indices, round_index)
+    return guarded_train(_WORKER_CTX, *args)
 
 
 class ClientExecutor:
@@ -376,14 +275,16 @@ class ClientExecutor:
             self._pool = mp.get_context("fork").Pool(cfg.workers, initializer=_worker_init, initargs=(threads,))
 
     def run(self, jobs: Sequence[tuple[ClientTask, np.ndarray]], round_index: int,
-            on_result: Optional[Callable[[ClientResult, int, int], None]] = None
-            ) -> tuple[list[ClientResult], list[ClientFailure]]:
+            on_result: Optional[Callable[[ClientResult, int, int], None]] = None,
+            client_states: Optional[dict[int, State]] = None) -> tuple[list[ClientResult], list[ClientFailure]]:
         """Results and failures in job order; ``on_result(result, done, total)`` after each
-        successful client (progress)."""
+        successful client (progress). ``client_states``: what each client kept from its earlier
+        rounds (client id -> tensors; the caller keeps the results' new ``client_state``)."""
+        states = client_states or {}
         if self.engine == "cohort":
-            produced = self._run_cohorts(jobs, round_index)
+            produced = self._run_cohorts(jobs, round_index, states)
         else:
-            args = [(task, indices, round_index) for task, indices in jobs]
+            args = [(task, indices, round_index, states.get(task.client_id)) for task, indices in jobs]
             produced = (self._pool.imap(_worker_train, args, chunksize=1) if self._pool is not None
                         else (guarded_train(self.ctx, *a) for a in args))
         results, failures = [], []
@@ -396,23 +297,26 @@ class ClientExecutor:
                 on_result(outcome, len(results) + len(failures), len(jobs))
         return results, failures
 
-    def _run_cohorts(self, jobs: Sequence[tuple[ClientTask, np.ndarray]], round_index: int):
+    def _run_cohorts(self, jobs: Sequence[tuple[ClientTask, np.ndarray]], round_index: int, states: dict[int, State]):
         """Outcomes in job order: stackable tasks trained as cohorts, the rest per client."""
         cohorts, alone = cohort_groups(jobs, self._cohorts.plugin_for, self.ctx.trainer.cohort_size)
         outcomes: dict[int, object] = {}
         for position in alone:
-            outcomes[position] = guarded_train(self.ctx, *jobs[position], round_index)
+            task, indices = jobs[position]
+            outcomes[position] = guarded_train(self.ctx, task, indices, round_index, states.get(task.client_id))
         for plugin, positions in cohorts:
             entries = [jobs[p] for p in positions]
             seeds = [client_seed(self.ctx.seed, round_index, task.client_id) for task, _ in entries]
-            epochs = [local_epochs(task, self.ctx.federation) for task, _ in entries]
+            epochs = [client_plugin(task.kind).local_epochs(task, self.ctx.federation) for task, _ in entries]
+            kept = [dict(states.get(task.client_id) or {}) for task, _ in entries]
             try:
-                trained = self._cohorts.train(plugin, entries, round_index, seeds, epochs)
+                trained = self._cohorts.train(plugin, entries, round_index, seeds, epochs, kept)
             except Exception as error:  # noqa: BLE001 - a failed cohort drops its clients only
                 trained = [ClientFailure(task.client_id, f"{type(error).__name__}: {error}") for task, _ in entries]
             for position, (task, _), outcome in zip(positions, entries, trained):
                 if isinstance(outcome, ClientResult):
-                    outcome = checked(uploaded(task, outcome))
+                    outcome.params = upload_only(task, outcome.params)
+                    outcome = checked(outcome)
                 outcomes[position] = outcome
         return [outcomes[p] for p in range(len(jobs))]
 

@@ -69,6 +69,9 @@ class Federation:
         self.round = 0
         self.history: list[dict[str, Any]] = []
         self.reported_labels: Optional[dict[int, np.ndarray]] = None  # set when clients run elsewhere (Flower)
+        # what each client keeps between rounds (SCAFFOLD's c_i): held for the simulated clients
+        # and checkpointed with the federation, never counted as communication
+        self.client_states: dict[int, dict[str, torch.Tensor]] = {}
         self._data = None
 
     def _validate(self) -> None:
@@ -167,6 +170,7 @@ class Federation:
             "state": self.state,
             "sampler_state": self.sampler.get_state(),
             "history": self.history,
+            "client_states": self.client_states,
             "config": json.loads(json.dumps(self.config, default=str)),
         }
 
@@ -178,6 +182,7 @@ class Federation:
             raise ValueError("checkpoint parameters do not match this model/algorithm")
         self.round, self.state, self.history = ckpt["round"], ckpt["state"], list(ckpt["history"])
         self.sampler.set_state(ckpt["sampler_state"])
+        self.client_states = dict(ckpt.get("client_states", {}))
 
     # ---- the loop ------------------------------------------------------------------------
     def fit(self, ckpt_path: Optional[str] = None, executor=None) -> dict[str, Any]:
@@ -271,10 +276,11 @@ class Federation:
         f = self.federation
         needed = min(f.min_clients, len(jobs))
         for attempt in range(f.round_retries + 1):
-            results, failures = executor.run(jobs, round_index, on_result)
+            results, failures = executor.run(jobs, round_index, on_result, client_states=self.client_states)
             for failure in failures:
                 print(f"round {round_index}: client {failure.client_id} dropped ({failure.reason})", file=sys.stderr)
-            if len(results) >= needed:
+            if len(results) >= needed:  # the phase counts: its clients keep what they kept
+                self.client_states.update({r.client_id: r.client_state for r in results if r.client_state})
                 return results, failures
             if attempt < f.round_retries:
                 print(f"round {round_index}: {len(results)} of {len(jobs)} clients succeeded, fewer than "

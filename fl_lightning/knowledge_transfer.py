@@ -15,7 +15,7 @@ epochs, the run's optimizer (Adam 0.001) and batch size for every model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -23,11 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fl_lightning.config import OptimizerConfig
+from fl_lightning.messages import ClientResult, ClientTask, task_settings
 from fl_lightning.models import reinitialised
+from fl_lightning.plugins import ClientPlugin, register_client_plugin
 
 if TYPE_CHECKING:
     from fl_lightning.client import ClientContext
-    from fl_lightning.strategies.base import ClientResult, ClientTask
 
 
 @dataclass(frozen=True)
@@ -78,17 +80,51 @@ def predict_classes(models: Sequence[nn.Module], x: Tensor, batch: int = 1000) -
     return torch.stack(out)
 
 
-def train_party(ctx: "ClientContext", task: "ClientTask", indices: np.ndarray, seed: int,
-                fit) -> "ClientResult":
+def party_task(client_id: int, optimizer: OptimizerConfig, num_classes: int, config: KnowledgeTransferConfig) -> ClientTask:
+    """A FedKT party's round one: its s students from s x t teachers (no parameters sent)."""
+    return ClientTask(client_id, "knowledge_transfer", {},
+                      settings=task_settings(optimizer, num_classes=num_classes, knowledge_transfer=asdict(config)))
+
+
+class PartyClient(ClientPlugin):
+    """FedKT's party: not one module fitted once, so it overrides ``train`` as a whole."""
+
+    def build(self, ctx, task, client_state):
+        raise NotImplementedError("a FedKT party trains several networks (train_party)")
+
+    def result(self, task, module, num_samples, steps, loss, client_state):
+        raise NotImplementedError("a FedKT party trains several networks (train_party)")
+
+    def train(self, ctx, task, indices, seed, callbacks, client_state):
+        return train_party(ctx, task, indices, seed, classifier_fitter(ctx, task, callbacks))
+
+
+def classifier_fitter(ctx: "ClientContext", task: ClientTask, callbacks: Sequence):
+    """``fit(network, x, y, indices, epochs, seed) -> (network, steps, last-epoch loss)``:
+    cross-entropy training of one network by a per-client Trainer (teachers and students)."""
+    from fl_lightning.client import fit_module
+    from fl_lightning.data.batches import ClientBatches
+    from fl_lightning.modules.classifier import MultiClassClassifier
+
+    def fit(network: nn.Module, x: Tensor, y: Tensor, indices: np.ndarray, epochs: int, seed: int):
+        batches = ClientBatches(x, y, torch.as_tensor(indices), ctx.federation.batch_size,
+                                torch.Generator().manual_seed(seed))
+        module = MultiClassClassifier(network, task.optimizer)
+        steps, loss = fit_module(ctx, module, batches, epochs, callbacks)
+        return module.network, steps, loss
+
+    return fit
+
+
+def train_party(ctx: "ClientContext", task: ClientTask, indices: np.ndarray, seed: int, fit) -> ClientResult:
     """One party's s students (stacked (s, ...) in the result's params).
 
     ``fit(network, x, y, indices, epochs, seed) -> (trained network, steps, last-epoch loss)``
     trains a multi-class classifier by cross-entropy with a per-client Trainer
     (fl_lightning.client)."""
-    from fl_lightning.client import local_epochs
-    from fl_lightning.strategies.base import ClientResult
-
-    cfg: KnowledgeTransferConfig = task.knowledge_transfer
+    cfg = KnowledgeTransferConfig(**task.settings["knowledge_transfer"])
+    num_classes = task.settings["num_classes"]
+    epochs = task.epochs if task.epochs is not None else ctx.federation.local_epochs
     if ctx.public_x is None:
         raise ValueError("FedKT's parties need the unlabelled public data (ClientContext.public_x)")
     rng = np.random.default_rng(seed)
@@ -98,11 +134,10 @@ def train_party(ctx: "ClientContext", task: "ClientTask", indices: np.ndarray, s
         for part in teacher_split(indices, cfg.teachers, rng):
             if len(part) == 0:  # fewer samples than teachers
                 continue
-            teacher, n, _ = fit(reinitialised(ctx.template), ctx.x, ctx.y, part, local_epochs(task, ctx.federation),
-                                int(rng.integers(2**31)))
+            teacher, n, _ = fit(reinitialised(ctx.template), ctx.x, ctx.y, part, epochs, int(rng.integers(2**31)))
             teachers.append(teacher)
             steps += n
-        labels = majority_vote(predict_classes(teachers, ctx.public_x), task.num_classes)
+        labels = majority_vote(predict_classes(teachers, ctx.public_x), num_classes)
         public = np.arange(len(ctx.public_x))
         student, n, loss = fit(reinitialised(ctx.template), ctx.public_x, labels, public, cfg.student_epochs,
                                int(rng.integers(2**31)))
@@ -111,3 +146,6 @@ def train_party(ctx: "ClientContext", task: "ClientTask", indices: np.ndarray, s
     states = [{k: v.detach().cpu() for k, v in s.state_dict().items()} for s in students]
     params = {k: torch.stack([s[k] for s in states]) for k in states[0]}
     return ClientResult(task.client_id, params, len(indices), (), loss, steps)
+
+
+register_client_plugin("knowledge_transfer", PartyClient())

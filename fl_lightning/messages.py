@@ -4,75 +4,102 @@ both can import them without importing each other."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from torch import Tensor, nn
+from torch import Tensor
 
 from fl_lightning.config import OptimizerConfig
 
 State = dict[str, Tensor]
 
 
+def prefixed(tensors: State, prefix: str) -> State:
+    """The entries of ``tensors`` under ``prefix``, without it (payload and client state keep
+    several named groups in one mapping: ``control.conv1.weight`` ...)."""
+    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def with_prefix(tensors: State, prefix: str) -> State:
+    return {prefix + k: v for k, v in tensors.items()}
+
+
+def num_bytes(*parts: State) -> int:
+    """What tensors cost on the wire (their storage size)."""
+    return sum(t.numel() * t.element_size() for part in parts for t in part.values())
+
+
 @dataclass
 class ClientTask:
-    """Everything a client needs for one local fit (sent to a worker as is)."""
+    """What the server sends one client for one local fit: tensors and JSON settings, nothing
+    else, so an in-process call, a worker process and a Flower SuperNode carry it alike. The
+    meaning of ``payload`` and ``settings`` belongs to the client plug-in registered for
+    ``kind`` (fl_lightning.plugins), defined beside the module it trains."""
 
     client_id: int
-    kind: str  # "detectors" | "classifier" | "open_set" | "curvature" | "knowledge_transfer"
+    kind: str
     params: State
-    # "detectors": the classes of the stacked detectors in ``params``; "curvature": the same
-    # for one-vs-all probes (empty: one multi-class model)
-    classes: tuple[int, ...] = ()
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    stacking: str = "loop"
-    prox_mu: float = 0.0  # "classifier": FedProx's proximal term
-    # "classifier", SCAFFOLD: the server's control variate c, per parameter name (sent with
-    # the model, so counted in bytes/down) ...
-    control: Optional[State] = None
-    # ... and the client's own c_i: client state that the simulation keeps on the server
-    # between rounds (a real client keeps it), so it is not counted as communication.
-    client_control: Optional[State] = None
-    open_set: Any = None  # "open_set": its OpenSetLoss
-    num_classes: int = 0  # "open_set": the index of "unknown"; "knowledge_transfer": n
-    # "knowledge_transfer" (FedKT's party): its KnowledgeTransferConfig (s, t, student epochs)
-    knowledge_transfer: Any = None
-    fisher: bool = False  # "curvature": also return the diagonal Fisher (FIM-L-BFGS), not only the gradient
-    # "classifier", FedDANE: the global gradient grad f(w_t) (sent, counted in bytes/down) and
-    # the client's own grad F_k(w_t) from this round's gradient phase (it already has it: not
-    # counted); the local loss gains <grad f(w_t) - grad F_k(w_t), w>.
-    global_gradient: Optional[State] = None
-    local_gradient: Optional[State] = None
-    # True when the client still holds ``params`` from this round's gradient phase (FedDANE's
-    # second phase): they are not sent, so not counted, again.
-    params_cached: bool = False
-    # "classifier": an architecture to train instead of the run's (ATHENA-FL's multi-class
-    # probe while the run's architecture is a detector); its code ships with the client, so
-    # only ``params`` count as sent.
-    network: Optional[nn.Module] = None
-    epochs: Optional[int] = None  # local epochs instead of federation.local_epochs
-    # upload only these parameters (ATHENA-FL's probe: the last layer); None: all of them
-    upload: Optional[tuple[str, ...]] = None
+    #: other tensors sent (SCAFFOLD's c, FedDANE's global gradient), counted as communication
+    payload: State = field(default_factory=dict)
+    #: JSON-serialisable settings: optimizer, classes, epochs, loss weights, ...
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # JSON-native from the start (tuples become lists), so a task reads the same in any
+        # process; a setting that JSON cannot carry is refused here, naming the task's kind
+        try:
+            self.settings = json.loads(json.dumps(self.settings))
+        except TypeError as error:
+            raise TypeError(f"client task {self.kind!r}: settings must be JSON-serialisable ({error})") from None
+
+    # Settings every kind may carry, read through these names.
+    @property
+    def optimizer(self) -> OptimizerConfig:
+        return OptimizerConfig(**self.settings.get("optimizer", {}))
+
+    @property
+    def classes(self) -> tuple[int, ...]:
+        return tuple(self.settings.get("classes", ()))
+
+    @property
+    def epochs(self) -> Optional[int]:
+        """Local epochs instead of federation.local_epochs (None: the run's)."""
+        return self.settings.get("epochs")
+
+    @property
+    def upload(self) -> Optional[tuple[str, ...]]:
+        """Upload only these parameters (None: all of them)."""
+        names = self.settings.get("upload")
+        return tuple(names) if names is not None else None
 
     def sent_bytes(self) -> int:
-        """What the server sends for this task: the parameters (unless the client holds them
-        already), SCAFFOLD's c and FedDANE's global gradient."""
-        parts = [self.control or {}, self.global_gradient or {}] + ([] if self.params_cached else [self.params])
-        return sum(t.numel() * t.element_size() for part in parts for t in part.values())
+        """What the server sends: ``params`` (unless the client holds them already, setting
+        ``params_held``) and ``payload``."""
+        return num_bytes(self.payload, *([] if self.settings.get("params_held") else [self.params]))
+
+
+def task_settings(optimizer: OptimizerConfig, **settings: Any) -> dict[str, Any]:
+    """Settings with the optimizer as JSON (None values left out)."""
+    return {"optimizer": asdict(optimizer), **{k: v for k, v in settings.items() if v is not None}}
 
 
 @dataclass
 class ClientResult:
+    """What a client returns: its parameters and payload (counted as communication), the
+    sample count, classes, loss and steps every aggregation may use, and ``client_state``:
+    what the client keeps for its later rounds (SCAFFOLD's c_i), never sent."""
+
     client_id: int
     params: State
     num_samples: int
     classes: tuple[int, ...] = ()
     train_loss: float = float("nan")
     steps: int = 0
-    #: what a client returns besides its model, counted in bytes/up (SCAFFOLD: delta c_i;
-    #: a "curvature" probe returns its gradient as ``params`` and its diagonal Fisher here)
-    extras: State = field(default_factory=dict)
+    #: other tensors sent back (SCAFFOLD's delta c_i; a curvature probe's diagonal Fisher)
+    payload: State = field(default_factory=dict)
+    client_state: State = field(default_factory=dict)
 
     def sent_bytes(self) -> int:
-        """What the client uploads: ``params`` and ``extras``."""
-        return sum(t.numel() * t.element_size() for part in (self.params, self.extras) for t in part.values())
+        """What the client uploads: ``params`` and ``payload``."""
+        return num_bytes(self.params, self.payload)

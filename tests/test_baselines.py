@@ -15,10 +15,12 @@ from torch import nn
 from fl_lightning.aggregation import fedavg, fednova, fednova_norm
 from fl_lightning.checkpoint import load_checkpoint, save_atomic
 from fl_lightning.cli import main
-from fl_lightning.client import ClientContext, build_module, train_client
+from fl_lightning.client import ClientContext, train_client
 from fl_lightning.config import FederationConfig, OptimizerConfig, TrainerConfig
 from fl_lightning.federation import sample_clients
-from fl_lightning.strategies import SCAFFOLD, ClientResult, ClientTask, FedAvg, FedNova, ServerContext
+from fl_lightning.modules.classifier import CONTROL, ClassifierClient, classifier_task
+from fl_lightning.plugins import with_prefix
+from fl_lightning.strategies import SCAFFOLD, ClientResult, FedAvg, FedNova, ServerContext
 from tests.conftest import tiny_args
 
 # Global model w = [1, 2]; client A: w_A = [0, 1], tau = 2 steps, n = 1 sample;
@@ -80,9 +82,10 @@ def _one_step(control=None, client_control=None, lr=0.1):
     ctx = ClientContext(x, y, template, FederationConfig(local_epochs=1, batch_size=0),
                         TrainerConfig(accelerator="cpu", precision="32-true"), seed=0)
     params = {k: v.detach().clone() for k, v in template.state_dict().items()}
-    task = ClientTask(0, "classifier", {k: v.clone() for k, v in params.items()}, (),
-                      OptimizerConfig("sgd", lr=lr, momentum=0.0), control=control, client_control=client_control)
-    result = train_client(ctx, task, np.arange(8), round_index=1)
+    task = classifier_task(0, {k: v.clone() for k, v in params.items()}, OptimizerConfig("sgd", lr=lr, momentum=0.0),
+                           control=control)
+    kept = with_prefix(client_control, CONTROL) if client_control is not None else {}
+    result = train_client(ctx, task, np.arange(8), round_index=1, client_state=kept)
     assert result.steps == 1
     # the full-batch gradient at the start
     net = copy.deepcopy(template)
@@ -103,7 +106,7 @@ def test_scaffold_step_with_zero_controls_is_a_plain_sgd_step():
     c, ci = _controls(0.0, 0.0)
     _, plain, _ = _one_step()
     _, corrected, _ = _one_step(c, ci)
-    assert plain.extras == {}
+    assert plain.payload == {} and plain.client_state == {}
     for k in plain.params:
         assert torch.equal(plain.params[k], corrected.params[k])
 
@@ -116,7 +119,9 @@ def test_scaffold_step_moves_along_the_corrected_gradient():
         # y = x - lr (g + c - c_i), up to float rounding of the batch's (shuffled) mean
         torch.testing.assert_close(result.params[k], start[k] - lr * (grad[k] + c[k] - ci[k]), rtol=0, atol=1e-6)
         # option II after K = 1 step: delta c_i = (x - y) / (K lr) - c = g - c_i
-        torch.testing.assert_close(result.extras[k], grad[k] - ci[k], rtol=0, atol=1e-5)
+        torch.testing.assert_close(result.payload[CONTROL + k], grad[k] - ci[k], rtol=0, atol=1e-5)
+        # the client keeps c_i+ = c_i + delta c_i for its next round, and does not send it
+        torch.testing.assert_close(result.client_state[CONTROL + k], ci[k] + grad[k] - ci[k], rtol=0, atol=1e-5)
 
 
 def test_scaffold_server_updates_model_and_control_variates():
@@ -125,15 +130,13 @@ def test_scaffold_server_updates_model_and_control_variates():
     state = {
         "weight": torch.zeros(1, 2), "bias": torch.zeros(1),
         "control_global/weight": torch.tensor([[0.5, -1.0]]), "control_global/bias": torch.tensor([0.5]),
-        "control/weight": torch.tensor([[[0.0, 0.0]], [[1.0, 1.0]], [[2.0, 2.0]], [[3.0, 3.0]]]),
-        "control/bias": torch.tensor([[0.0], [1.0], [2.0], [3.0]]),
     }
     assert set(strategy.initial_state(torch.Generator().manual_seed(0))) == set(state)
     results = [
         ClientResult(1, {"weight": torch.tensor([[1.0, 2.0]]), "bias": torch.tensor([1.0])}, 10,
-                     extras={"weight": torch.tensor([[2.0, 4.0]]), "bias": torch.tensor([2.0])}),
+                     payload={"control.weight": torch.tensor([[2.0, 4.0]]), "control.bias": torch.tensor([2.0])}),
         ClientResult(3, {"weight": torch.tensor([[3.0, 6.0]]), "bias": torch.tensor([3.0])}, 30,
-                     extras={"weight": torch.tensor([[-1.0, 0.0]]), "bias": torch.tensor([-1.0])}),
+                     payload={"control.weight": torch.tensor([[-1.0, 0.0]]), "control.bias": torch.tensor([-1.0])}),
     ]
     new, _ = strategy.aggregate(state, results)
     # x <- mean of the y_i weighted by their samples (the default, as NIID-Bench): 10/40 and 30/40
@@ -142,15 +145,12 @@ def test_scaffold_server_updates_model_and_control_variates():
     # c <- c + (delta c_1 + delta c_3) / N, N = 4 clients (not the 2 sampled)
     torch.testing.assert_close(new["control_global/weight"], torch.tensor([[0.5 + 1 / 4, -1.0 + 4 / 4]]))
     torch.testing.assert_close(new["control_global/bias"], torch.tensor([0.75]))
-    # c_i <- c_i + delta c_i for the participants, unchanged for the others
-    torch.testing.assert_close(new["control/weight"],
-                               torch.tensor([[[0.0, 0.0]], [[3.0, 5.0]], [[2.0, 2.0]], [[2.0, 3.0]]]))
-    torch.testing.assert_close(new["control/bias"], torch.tensor([[0.0], [3.0], [2.0], [2.0]]))
-    # the clients get c and their own c_i
+    # the server holds no c_i: each client keeps its own
+    assert set(new) == set(state)
+    # a client gets the model and c (counted as sent), nothing else
     task = strategy.configure_client(new, 1, np.array([0, 1]))
-    assert set(task.params) == {"weight", "bias"}
-    torch.testing.assert_close(task.control["bias"], torch.tensor([0.75]))
-    torch.testing.assert_close(task.client_control["weight"], torch.tensor([[3.0, 5.0]]))
+    assert set(task.params) == {"weight", "bias"} and set(task.payload) == {"control.weight", "control.bias"}
+    torch.testing.assert_close(task.payload["control.bias"], torch.tensor([0.75]))
 
 
 def _history(summary, key):
@@ -180,10 +180,11 @@ def test_scaffold_resumed_run_equals_uninterrupted_run(tmp_path):
     assert set(first) & set(second)
     ckpt = load_checkpoint(round_one)
     assert ckpt["round"] == 1
-    controls = [k for k in ckpt["state"] if k.startswith("control/")]
-    assert controls and all(ckpt["state"][k][first].abs().sum() > 0 for k in controls)
-    for k in controls:
-        ckpt["state"][k].zero_()
+    kept = ckpt["client_states"]  # the clients' own c_i, checkpointed with the federation
+    assert set(kept) == set(first) and all(v.abs().sum() > 0 for k in first for v in kept[k].values())
+    for k in first:
+        for v in kept[k].values():
+            v.zero_()
     save_atomic(ckpt, tmp_path / "zeroed.ckpt")
     zeroed = main(["fit", *tiny_args(tmp_path / "z", "--federation.rounds", "2", *scaffold,
                                      "--ckpt_path", str(tmp_path / "zeroed.ckpt"))])
@@ -222,9 +223,10 @@ def test_feddane_local_loss_is_cross_entropy_plus_linear_correction_plus_proxima
     global_gradient = {"weight": torch.full((2, 2), 10.0), "bias": torch.full((2,), 10.0)}
     local_gradient = {k: global_gradient[k] - c[k] for k in c}  # c = grad f(w_t) - grad F_k(w_t)
     mu = 0.1
-    task = ClientTask(0, "classifier", w_t, (), OptimizerConfig("sgd", lr=0.1), prox_mu=mu,
-                      global_gradient=global_gradient, local_gradient=local_gradient, params_cached=True)
-    module = build_module(task, template)
+    task = classifier_task(0, w_t, OptimizerConfig("sgd", lr=0.1), prox_mu=mu, global_gradient=global_gradient,
+                           params_held=True)
+    ctx = ClientContext(torch.zeros(1, 2), torch.zeros(1), template, FederationConfig(), TrainerConfig(), seed=0)
+    module = ClassifierClient().build(ctx, task, with_prefix(local_gradient, "local_gradient."))
     with torch.no_grad():
         module.network.weight.copy_(torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
     x, y = torch.tensor([[1.0, 0.0]]), torch.tensor([0])

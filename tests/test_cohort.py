@@ -134,8 +134,8 @@ def test_cohorts_group_by_plugin_key_and_chunk_by_members():
             self.members, self.kind = members, kind
 
     class Plugin:
-        def members(self, task):
-            return [None] * task.members
+        def member_count(self, task):
+            return task.members
 
     plugin = Plugin()
     jobs = [(Task(2), np.arange(5)), (Task(1, "alone"), np.arange(5)), (Task(2), np.arange(5)), (Task(2), np.arange(0)),

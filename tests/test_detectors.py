@@ -8,7 +8,7 @@ from fl_lightning.config import FederationConfig, OptimizerConfig, TrainerConfig
 from fl_lightning.data import ClientBatches, synthetic_dataset
 from fl_lightning.models import FashionCNN
 from fl_lightning.modules import StackedModel, stack_models
-from fl_lightning.strategies.base import ClientTask
+from fl_lightning.modules.detectors import detector_task
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +28,9 @@ def test_co_trained_detectors_equal_separately_trained_ones(setting, optimizer):
     ctx, stacked, indices = setting
     classes = (0, 1, 2)
 
-    together = train_client(ctx, ClientTask(4, "detectors", stacked, classes, optimizer), indices, round_index=1)
+    together = train_client(ctx, detector_task(4, stacked, classes, optimizer), indices, round_index=1)
     alone = [
-        train_client(ctx, ClientTask(4, "detectors", {k: v[i:i + 1] for k, v in stacked.items()}, (c,), optimizer),
+        train_client(ctx, detector_task(4, {k: v[i:i + 1] for k, v in stacked.items()}, (c,), optimizer),
                      indices, round_index=1)
         for i, c in enumerate(classes)
     ]
@@ -45,7 +45,7 @@ def test_co_trained_detectors_equal_separately_trained_ones(setting, optimizer):
 def test_lightning_client_equals_a_plain_pytorch_loop(setting):
     ctx, stacked, indices = setting
     single = {k: v[:1] for k, v in stacked.items()}
-    result = train_client(ctx, ClientTask(2, "detectors", single, (1,), OptimizerConfig("sgd", lr=0.05)), indices, 3)
+    result = train_client(ctx, detector_task(2, single, (1,), OptimizerConfig("sgd", lr=0.05)), indices, 3)
 
     model = FashionCNN(num_outputs=1)
     model.load_state_dict({k: v[0] for k, v in single.items()})

@@ -9,10 +9,10 @@ import torch
 
 import fl_lightning.client as client_module
 from fl_lightning.cli import main
+from fl_lightning.plugins import client_plugin
 from tests.conftest import tiny_args
 
 real_train = client_module.train_client
-real_build = client_module.build_module
 
 
 def run(tmp_path, *extra):
@@ -24,10 +24,10 @@ def inject(monkeypatch, fault):
     (``train()`` runs the real local training)."""
     attempts: dict = {}
 
-    def faulty(ctx, task, indices, round_index):
+    def faulty(ctx, task, indices, round_index, client_state=None):
         key = (round_index, task.client_id)
         attempts[key] = attempts.get(key, 0) + 1
-        train = lambda: real_train(ctx, task, indices, round_index)
+        train = lambda: real_train(ctx, task, indices, round_index, client_state)
         replaced = fault(task, round_index, attempts[key], train)
         return replaced if replaced is not None else train()
 
@@ -77,14 +77,17 @@ def test_non_finite_parameters_drop_only_that_client(tmp_path, monkeypatch):
 def test_a_client_past_its_time_budget_is_dropped(tmp_path, monkeypatch):
     victim = _sampled({"config": {"seed": 0}})[0]
 
-    def slow_build(task, template):
-        module = real_build(task, template)
+    plugin = client_plugin("detectors")
+    real_build = plugin.build
+
+    def slow_build(ctx, task, client_state):
+        module = real_build(ctx, task, client_state)
         if task.client_id == victim:
             step = module.training_step
             module.training_step = lambda *a, **k: (time.sleep(0.3), step(*a, **k))[1]
         return module
 
-    monkeypatch.setattr(client_module, "build_module", slow_build)
+    monkeypatch.setattr(plugin, "build", slow_build)
     summary = run(tmp_path, "--federation.client_timeout", "0.2")
     assert f"client {victim}: ClientTimeout" in summary["history"][0]["failures"]
     assert summary["history"][0]["clients/failed"] == 1

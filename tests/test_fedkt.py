@@ -13,9 +13,9 @@ from fl_lightning.checkpoint import load_checkpoint
 from fl_lightning.cli import main
 from fl_lightning.client import ClientContext, train_client
 from fl_lightning.config import FederationConfig, OptimizerConfig, TrainerConfig
-from fl_lightning.knowledge_transfer import KnowledgeTransferConfig, majority_vote, teacher_split, vote_counts
+from fl_lightning.knowledge_transfer import KnowledgeTransferConfig, majority_vote, party_task, teacher_split, vote_counts
 from fl_lightning.strategies import FedKT, ServerContext
-from fl_lightning.strategies.base import ClientResult, ClientTask
+from fl_lightning.strategies.base import ClientResult
 from fl_lightning.strategies.fedkt import PARTIES, STUDENTS
 from tests.conftest import outcome, tiny_args
 
@@ -55,8 +55,7 @@ def _synthetic_context(public: int = 20):
 def test_party_uploads_s_students_after_training_s_times_t_teachers_and_s_students():
     ctx = _synthetic_context(public=20)
     cfg = KnowledgeTransferConfig(partitions=2, teachers=3, student_epochs=1)
-    task = ClientTask(0, "knowledge_transfer", {}, optimizer=OptimizerConfig("adam", lr=1e-3), num_classes=3,
-                      knowledge_transfer=cfg)
+    task = party_task(0, OptimizerConfig("adam", lr=1e-3), 3, cfg)
     local = np.arange(13)
     result = train_client(ctx, task, local, round_index=1)
     assert {k: tuple(v.shape) for k, v in result.params.items()} == {

@@ -190,7 +190,8 @@ def test_fedov_clients_get_the_data_standardisation_for_their_outliers():
     strategy.setup(SimpleCNN(3, 32, 11), 10, OptimizerConfig("adam"), "loop",
                    ServerContext(num_clients=2, pixel_mean=MEAN, pixel_std=STD))
     task = strategy.client_task(0, {})
-    assert (task.open_set.pixel_mean, task.open_set.pixel_std) == (MEAN, STD)
+    loss = task.settings["open_set"]  # JSON: tuples travel as lists
+    assert (tuple(loss["pixel_mean"]), tuple(loss["pixel_std"])) == (tuple(MEAN), tuple(STD))
 
 
 def test_fedprox_loss_adds_the_proximal_term():

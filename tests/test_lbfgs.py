@@ -15,7 +15,9 @@ from fl_lightning.client import ClientContext, train_client
 from fl_lightning.config import FederationConfig, OptimizerConfig, TrainerConfig
 from fl_lightning.lbfgs import diagonal_fisher, push_pair, two_loop_direction
 from fl_lightning.modules import CurvatureProbe
-from fl_lightning.strategies import FIMLBFGS, ClientResult, ClientTask, FedOVAFIMLBFGS, ServerContext
+from fl_lightning.modules.curvature import FISHER, curvature_task
+from fl_lightning.plugins import with_prefix
+from fl_lightning.strategies import FIMLBFGS, ClientResult, FedOVAFIMLBFGS, ServerContext
 from tests.conftest import tiny_args
 
 
@@ -125,7 +127,7 @@ def _probe(template, params, classes, monkeypatch, n=8, batch_size=3, local_epoc
     monkeypatch.setattr(CurvatureProbe, "training_step", counting)
     ctx = ClientContext(x, y, template, FederationConfig(local_epochs=local_epochs, batch_size=batch_size),
                         TrainerConfig(accelerator="cpu", precision="32-true"), seed=0)
-    task = ClientTask(0, "curvature", params, classes, OptimizerConfig(), fisher=True)
+    task = curvature_task(0, params, classes, fisher=True)
     result = train_client(ctx, task, np.arange(n), round_index=1)
     assert calls == [3, 3, 2]  # one pass over 8 samples in batches of 3, although E = 2
     return x, y, result
@@ -151,9 +153,9 @@ def test_probe_returns_mean_gradient_and_diagonal_fisher_of_its_local_data(monke
     F.cross_entropy(template(x), y).backward()  # the whole local set's mean loss
     for k, p in template.named_parameters():
         torch.testing.assert_close(result.params[k], p.grad, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(result.extras[k], per_sample[k].square().mean(0), rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(diagonal_fisher(per_sample)["3.weight"], result.extras["3.weight"], rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(diagonal_fisher(per_sample["3.bias"]), result.extras["3.bias"], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(result.payload["fisher." + k], per_sample[k].square().mean(0), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(diagonal_fisher(per_sample)["3.weight"], result.payload["fisher.3.weight"], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(diagonal_fisher(per_sample["3.bias"]), result.payload["fisher.3.bias"], rtol=1e-5, atol=1e-7)
     assert result.steps == 0 and result.num_samples == 8 and 0 < result.train_loss < 10
 
 
@@ -172,7 +174,7 @@ def test_one_vs_all_probe_returns_each_detectors_gradient_and_fisher(monkeypatch
         per_sample = _single_sample_grads(template, bce, x, (y == c))
         for k in per_sample:
             torch.testing.assert_close(result.params[k][row], per_sample[k].mean(0), rtol=1e-5, atol=1e-6)
-            torch.testing.assert_close(result.extras[k][row], per_sample[k].square().mean(0), rtol=1e-5, atol=1e-7)
+            torch.testing.assert_close(result.payload["fisher." + k][row], per_sample[k].square().mean(0), rtol=1e-5, atol=1e-7)
 
 
 # ---- the server's L-BFGS step --------------------------------------------------------------
@@ -192,6 +194,15 @@ def _vec(values):
     return {"weight": torch.tensor([values[:2]]), "bias": torch.tensor(values[2:])}
 
 
+def _fisher(values):
+    """A diagonal Fisher as a probe sends it (its payload)."""
+    return with_prefix(_vec(values), FISHER)
+
+
+def _fisher_of(make, rows):
+    return with_prefix(make(rows), FISHER)
+
+
 def test_fimlbfgs_server_takes_lbfgs_steps_with_damped_fisher_pairs():
     eta, lam = 0.5, 0.1
     strategy = _strategy(FIMLBFGS, step_size=eta, damping=lam, history=2)
@@ -199,8 +210,8 @@ def test_fimlbfgs_server_takes_lbfgs_steps_with_damped_fisher_pairs():
     assert state["lbfgs.s"].shape == (1, 2, 3) and state["lbfgs.count"].tolist() == [0]
     w0 = _flat(state)
     # round 1: sample-weighted gradient, plain mean of the Fisher; no pairs, so p = -g
-    results = [ClientResult(0, _vec([1.0, 0.0, 2.0]), 1, extras=_vec([1.0, 0.0, 0.0])),
-               ClientResult(1, _vec([-1.0, 4.0, 2.0]), 3, extras=_vec([0.0, 2.0, 4.0]))]
+    results = [ClientResult(0, _vec([1.0, 0.0, 2.0]), 1, payload=_fisher([1.0, 0.0, 0.0])),
+               ClientResult(1, _vec([-1.0, 4.0, 2.0]), 3, payload=_fisher([0.0, 2.0, 4.0]))]
     g1, f1 = torch.tensor([-0.5, 3.0, 2.0], dtype=torch.float64), torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)
     state, facts = strategy.aggregate(state, results)
     s1 = -eta * g1
@@ -210,7 +221,7 @@ def test_fimlbfgs_server_takes_lbfgs_steps_with_damped_fisher_pairs():
     torch.testing.assert_close(state["lbfgs.y"][0, 0].double(), (f1 + lam) * s1, rtol=0, atol=1e-6)
     # round 2: p = -H g with H the inverse BFGS matrix of the stored pair
     g2 = torch.tensor([0.3, -0.2, 1.0], dtype=torch.float64)
-    state2, _ = strategy.aggregate(state, [ClientResult(2, _vec(g2.tolist()), 5, extras=_vec([1.0, 1.0, 1.0]))])
+    state2, _ = strategy.aggregate(state, [ClientResult(2, _vec(g2.tolist()), 5, payload=_fisher([1.0, 1.0, 1.0]))])
     H = explicit_inverse_bfgs(state["lbfgs.s"][0, :1].double(), state["lbfgs.y"][0, :1].double())
     torch.testing.assert_close(_flat(state2), _flat(state) - eta * H @ g2, rtol=0, atol=1e-6)
     assert state2["lbfgs.count"].tolist() == [2]
@@ -225,7 +236,7 @@ def test_fedova_fimlbfgs_updates_each_probed_detector_from_its_own_group_only():
     state = strategy.initial_state(torch.Generator().manual_seed(0))
     assert state["weight"].shape == (3, 1, 2) and state["lbfgs.y"].shape == (3, 10, 3)
     task = strategy.configure_client(state, 0, np.array([2, 0, 2]))
-    assert task.kind == "curvature" and task.fisher and task.classes == (0, 2)
+    assert task.kind == "curvature" and task.settings["fisher"] and task.classes == (0, 2)
     assert set(task.params) == {"weight", "bias"} and task.params["weight"].shape == (2, 1, 2)
 
     def stacked(rows):
@@ -233,8 +244,8 @@ def test_fedova_fimlbfgs_updates_each_probed_detector_from_its_own_group_only():
 
     # client 0 probes detectors 0 and 2 (10 samples), client 1 detector 0 (30 samples)
     results = [ClientResult(0, stacked([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0]]), 10, (0, 2),
-                            extras=stacked([[1.0] * 3] * 2)),
-               ClientResult(1, stacked([[3.0, 0.0, 0.0]]), 30, (0,), extras=stacked([[3.0] * 3]))]
+                            payload=_fisher_of(stacked, [[1.0] * 3] * 2)),
+               ClientResult(1, stacked([[3.0, 0.0, 0.0]]), 30, (0,), payload=_fisher_of(stacked, [[3.0] * 3]))]
     new, facts = strategy.aggregate(state, results)
     w = {c: _flat({k: state[k][c] for k in ("weight", "bias")}) for c in range(3)}
     new_w = {c: _flat({k: new[k][c] for k in ("weight", "bias")}) for c in range(3)}

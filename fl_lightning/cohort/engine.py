@@ -214,11 +214,12 @@ class CohortTrainer:
         return plugin, (task.kind, key, (o.name, o.lr, o.momentum, o.weight_decay))
 
     def train(self, plugin: CohortPlugin, entries: Sequence[tuple], round_index: int, seeds: Sequence[int],
-              epochs: Sequence[int]) -> list:
-        """``entries``: (task, local indices); the results in the same order."""
+              epochs: Sequence[int], client_states: Sequence[dict]) -> list:
+        """``entries``: (task, local indices), ``client_states`` what each client kept; the
+        results in the same order."""
         members, streams = [], []
         for k, (task, _) in enumerate(entries):
-            own = plugin.members(task)
+            own = plugin.members(task, client_states[k])
             members += own
             streams += [k] * len(own)
         plan = build_plan([torch.from_numpy(np.asarray(idx)) for _, idx in entries], seeds,
@@ -245,6 +246,6 @@ class CohortTrainer:
         for k, (task, idx) in enumerate(entries):
             count = streams.count(k)
             results.append(plugin.result(task, params[start:start + count], losses[start:start + count],
-                                         plan.steps[k], len(idx)))
+                                         plan.steps[k], len(idx), client_states[k]))
             start += count
         return results

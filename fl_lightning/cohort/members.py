@@ -45,8 +45,13 @@ class CohortPlugin(ABC):
         """Tasks with equal keys train in one cohort; None: this task trains per client."""
 
     @abstractmethod
-    def members(self, task: ClientTask) -> list[Member]:
-        """The task's members, in the order ``result`` receives them back."""
+    def members(self, task: ClientTask, client_state: dict[str, Tensor]) -> list[Member]:
+        """The task's members, in the order ``result`` receives them back (``client_state``:
+        what the client kept from its earlier rounds)."""
+
+    def member_count(self, task: ClientTask) -> int:
+        """How many members ``task`` brings (to chunk cohorts before building them)."""
+        return len(self.members(task, {}))
 
     @abstractmethod
     def loss(self, forward: Forward, params: dict[str, Tensor], consts: dict[str, Tensor], x: Tensor, y: Tensor,
@@ -55,7 +60,7 @@ class CohortPlugin(ABC):
 
     @abstractmethod
     def result(self, task: ClientTask, params: list[dict[str, Tensor]], losses: list[float], steps: int,
-               num_samples: int) -> ClientResult:
+               num_samples: int, client_state: dict[str, Tensor]) -> ClientResult:
         """The client's result from its members' final parameters and last-epoch mean losses."""
 
 

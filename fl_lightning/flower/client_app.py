@@ -14,12 +14,13 @@ import shlex
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fl_lightning.flower.codec import decode_task, encode_failure, encode_result, run_setting
 
 app = ClientApp()
+CLIENT_STATE = "fl_lightning.client_state"
 _LOCAL: dict = {}  # this process's own partition, loaded once
 
 
@@ -64,7 +65,11 @@ def train(msg: Message, context: Context) -> Message:
         task, round_index = decode_task(msg.content)
         if task.client_id != client_id:
             raise ValueError(f"task for client {task.client_id} sent to the SuperNode of partition-id={client_id}")
-        outcome = guarded_train(ctx, task, np.arange(len(labels)), round_index)
+        # what this client kept from its earlier rounds (SCAFFOLD's c_i) lives in the node's state
+        kept = dict(context.state[CLIENT_STATE].to_torch_state_dict()) if CLIENT_STATE in context.state else {}
+        outcome = guarded_train(ctx, task, np.arange(len(labels)), round_index, kept)
+        if not isinstance(outcome, ClientFailure) and outcome.client_state:
+            context.state[CLIENT_STATE] = ArrayRecord(torch_state_dict=outcome.client_state)
     except Exception as error:  # noqa: BLE001 - reported to the server, which drops this client
         outcome = ClientFailure(client_id, f"{type(error).__name__}: {error}")
     content = (encode_failure(outcome.client_id, outcome.reason) if isinstance(outcome, ClientFailure)

@@ -55,7 +55,8 @@ class FlowerExecutor:
         if missing:
             raise ValueError(f"no SuperNode serves partition-id {missing} (of partition.num_clients={num_clients})")
 
-    def run(self, jobs: Sequence, round_index: int, on_result: Optional[Callable] = None):
+    def run(self, jobs: Sequence, round_index: int, on_result: Optional[Callable] = None, client_states=None):
+        """``client_states`` is not sent: each SuperNode keeps its own client's state."""
         messages = [Message(content=encode_task(task, round_index), message_type=MessageType.TRAIN,
                             dst_node_id=self.node_of[task.client_id]) for task, _ in jobs]
         replies = {}

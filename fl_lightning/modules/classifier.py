@@ -11,8 +11,9 @@ from torch import Tensor, nn
 from fl_lightning.aggregation import scaffold_client_delta
 from fl_lightning.cohort.members import CohortPlugin, Member, register_cohort_plugin, weighted_mean
 from fl_lightning.config import OptimizerConfig
+from fl_lightning.messages import ClientResult, ClientTask, task_settings
 from fl_lightning.modules.learner import LocalLearner
-from fl_lightning.messages import ClientResult
+from fl_lightning.plugins import ClientPlugin, prefixed, register_client_plugin, upload_only, with_prefix
 
 
 class MultiClassClassifier(LocalLearner):
@@ -91,28 +92,122 @@ class MultiClassClassifier(LocalLearner):
         return {k: v.detach().cpu().clone() for k, v in self.network.state_dict().items()}
 
 
+CONTROL = "control."  # payload: SCAFFOLD's c; client state: the client's own c_i
+GLOBAL_GRADIENT = "global_gradient."  # payload: FedDANE's grad f(w_t)
+LOCAL_GRADIENT = "local_gradient."  # client state: FedDANE's grad F_k(w_t), kept from the gradient phase
+
+
+def classifier_task(client_id: int, params: dict[str, Tensor], optimizer: OptimizerConfig, *, prox_mu: float = 0.0,
+                    control: Optional[dict[str, Tensor]] = None, global_gradient: Optional[dict[str, Tensor]] = None,
+                    params_held: bool = False, architecture: Optional[str] = None, num_outputs: Optional[int] = None,
+                    classes: tuple[int, ...] = (), epochs: Optional[int] = None,
+                    upload: Optional[tuple[str, ...]] = None) -> ClientTask:
+    """A multi-class client task (FedAvg's ClientUpdate and its variants).
+
+    ``prox_mu``: FedProx's proximal term; ``control``: SCAFFOLD's server control variate c
+    (sent; the client keeps its own c_i); ``global_gradient``: FedDANE's grad f(w_t) (sent; the
+    client kept grad F_k(w_t) from the gradient phase), with ``params_held`` when the client
+    still holds w_t from that phase; ``architecture``/``num_outputs``: train another
+    architecture than the run's (ATHENA-FL's probe), built on the client from its name."""
+    payload = {**with_prefix(control or {}, CONTROL), **with_prefix(global_gradient or {}, GLOBAL_GRADIENT)}
+    settings = task_settings(optimizer, prox_mu=prox_mu or None, params_held=params_held or None,
+                             architecture=architecture, num_outputs=num_outputs, classes=list(classes) or None,
+                             epochs=epochs, upload=list(upload) if upload is not None else None)
+    return ClientTask(client_id, "classifier", params, payload, settings)
+
+
+def _difference(minuend: dict[str, Tensor], subtrahend: dict[str, Tensor], what: str) -> Optional[dict[str, Tensor]]:
+    """minuend - subtrahend per tensor; None when the task carries neither."""
+    if not minuend:
+        return None
+    if set(subtrahend) != set(minuend):
+        raise ValueError(f"a {what} task needs both terms of its correction (missing {sorted(set(minuend) - set(subtrahend))})")
+    return {k: v - subtrahend[k] for k, v in minuend.items()}
+
+
+def scaffold_correction(task: ClientTask, client_state: dict[str, Tensor]) -> Optional[dict[str, Tensor]]:
+    """SCAFFOLD: c - c_i, added to every local gradient (None without a control variate);
+    a client that never trained has c_i = 0."""
+    control = prefixed(task.payload, CONTROL)
+    own = prefixed(client_state, CONTROL) or {k: torch.zeros_like(v) for k, v in control.items()}
+    return _difference(control, own, "SCAFFOLD (server and client control variates)")
+
+
+def feddane_correction(task: ClientTask, client_state: dict[str, Tensor]) -> Optional[dict[str, Tensor]]:
+    """FedDANE: grad f(w_t) - grad F_k(w_t), the linear term's coefficient (None otherwise)."""
+    return _difference(prefixed(task.payload, GLOBAL_GRADIENT), prefixed(client_state, LOCAL_GRADIENT),
+                       "FedDANE (global and local gradients)")
+
+
+def client_network(ctx, task: ClientTask) -> nn.Module:
+    """The run's architecture, or the task's own (by name), holding the task's parameters."""
+    import copy
+
+    from fl_lightning.models import build_architecture
+
+    name = task.settings.get("architecture")
+    if name is None:
+        network = copy.deepcopy(ctx.template)
+    else:
+        network = build_architecture(name, ctx.x.shape[1], tuple(ctx.x.shape[2:]), task.settings["num_outputs"])
+    network.load_state_dict(task.params)
+    return network
+
+
+def scaffold_client_state(task: ClientTask, client_state: dict[str, Tensor], params: dict[str, Tensor],
+                          steps: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """SCAFFOLD option II after the local fit: (delta c_i to send, the client's new state with
+    c_i+ = c_i + delta c_i); nothing without a control variate."""
+    control = prefixed(task.payload, CONTROL)
+    if not control:
+        return {}, client_state
+    delta = scaffold_client_delta(task.params, params, control, steps, task.optimizer.lr)
+    own = prefixed(client_state, CONTROL) or {k: torch.zeros_like(v) for k, v in control.items()}
+    kept = {k: (own[k].double() + delta[k].double()).to(own[k].dtype) for k in control}
+    return with_prefix(delta, CONTROL), {**client_state, **with_prefix(kept, CONTROL)}
+
+
+class ClassifierClient(ClientPlugin):
+    def build(self, ctx, task, client_state):
+        return MultiClassClassifier(client_network(ctx, task), task.optimizer, prox_mu=task.settings.get("prox_mu", 0.0),
+                                    control=scaffold_correction(task, client_state),
+                                    linear=feddane_correction(task, client_state))
+
+    def result(self, task, module, num_samples, steps, loss, client_state):
+        params = module.flat_state()
+        payload, kept = scaffold_client_state(task, client_state, params, steps)
+        return ClientResult(task.client_id, upload_only(task, params), num_samples, task.classes, loss, steps,
+                            payload, kept)
+
+
+register_client_plugin("classifier", ClassifierClient())
+
+
 class ClassifierCohort(CohortPlugin):
     """The FedAvg family's client in the cohort engine: one member per client, with
     ``MultiClassClassifier``'s loss (cross-entropy, FedProx's proximal term, FedDANE's linear
     term about the starting point) and SCAFFOLD's c - c_i added to every gradient."""
 
     def stack_key(self, task):
-        if task.network is not None:  # another architecture than the run's (ATHENA-FL's probe)
+        if task.settings.get("architecture") is not None:  # another architecture than the run's (ATHENA-FL's probe)
             return None
-        return ("prox" if task.prox_mu > 0 else "", "linear" if task.global_gradient is not None else "",
-                "control" if task.control is not None else "")
+        return ("prox" if task.settings.get("prox_mu") else "",
+                "linear" if prefixed(task.payload, GLOBAL_GRADIENT) else "",
+                "control" if prefixed(task.payload, CONTROL) else "")
 
-    def members(self, task):
-        from fl_lightning.client import feddane_correction, scaffold_correction
+    def member_count(self, task):
+        return 1
 
+    def members(self, task, client_state):
         consts: dict[str, Tensor] = {}
-        linear = feddane_correction(task)
-        if task.prox_mu > 0 or linear is not None:
+        linear = feddane_correction(task, client_state)
+        prox_mu = task.settings.get("prox_mu", 0.0)
+        if prox_mu > 0 or linear is not None:
             consts.update({f"start.{n}": t for n, t in task.params.items()})
-            consts["mu"] = torch.tensor(float(task.prox_mu))
+            consts["mu"] = torch.tensor(float(prox_mu))
         if linear is not None:
             consts.update({f"linear.{n}": t for n, t in linear.items()})
-        return [Member(dict(task.params), consts, scaffold_correction(task))]
+        return [Member(dict(task.params), consts, scaffold_correction(task, client_state))]
 
     def loss(self, forward, params, consts, x, y, weight):
         loss = weighted_mean(F.cross_entropy(forward(params, x).float(), y, reduction="none"), weight)
@@ -123,11 +218,10 @@ class ClassifierCohort(CohortPlugin):
             loss = loss + sum((consts[f"linear.{n}"] * (p - consts[f"start.{n}"])).sum() for n, p in params.items())
         return loss
 
-    def result(self, task, params, losses, steps, num_samples):
+    def result(self, task, params, losses, steps, num_samples, client_state):
         (state,) = params
-        extras = scaffold_client_delta(task.params, state, task.control, steps, task.optimizer.lr) \
-            if task.control is not None else {}
-        return ClientResult(task.client_id, state, num_samples, task.classes, losses[0], steps, extras)
+        payload, kept = scaffold_client_state(task, client_state, state, steps)
+        return ClientResult(task.client_id, state, num_samples, task.classes, losses[0], steps, payload, kept)
 
 
 register_cohort_plugin("classifier", ClassifierCohort())

@@ -6,11 +6,14 @@ from __future__ import annotations
 import copy
 from typing import Optional, Sequence
 
+
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from torch.func import functional_call, grad, grad_and_value, vmap
+from fl_lightning.messages import ClientResult, ClientTask
+from fl_lightning.plugins import ClientPlugin, register_client_plugin, with_prefix
 
 
 class CurvatureProbe(LightningModule):
@@ -130,3 +133,34 @@ class CurvatureProbe(LightningModule):
         if not self.fisher:
             raise ValueError("this probe was built with fisher=False")
         return self._result(self._fisher_sum)
+
+
+FISHER = "fisher."  # payload: the diagonal Fisher
+KEPT_GRADIENT = "local_gradient."  # client state: the gradient, kept for the round's second phase (FedDANE)
+
+
+def curvature_task(client_id: int, params: dict[str, Tensor], classes: Sequence[int] = (), fisher: bool = True,
+                   keep_gradient: bool = False) -> ClientTask:
+    """Probe the local gradient (and with ``fisher`` the diagonal Fisher) at ``params``, one
+    pass over the local data, no training (FIM-L-BFGS's ClientUpdate, FedDANE's gradient
+    phase; ``keep_gradient``: the client also keeps it for the round's second phase)."""
+    return ClientTask(client_id, "curvature", params, settings={
+        "classes": [int(c) for c in classes], "fisher": fisher, "keep_gradient": keep_gradient})
+
+
+class CurvatureClient(ClientPlugin):
+    def local_epochs(self, task, federation) -> int:
+        return 1  # one pass, however many local epochs the run sets
+
+    def build(self, ctx, task, client_state):
+        return CurvatureProbe.from_state(ctx.template, task.params, task.classes, fisher=task.settings["fisher"])
+
+    def result(self, task, module, num_samples, steps, loss, client_state):
+        gradient = module.gradient()  # sent back in place of a model
+        payload = with_prefix(module.diagonal_fisher(), FISHER) if task.settings["fisher"] else {}
+        kept = {**client_state, **with_prefix(gradient, KEPT_GRADIENT)} if task.settings.get("keep_gradient") \
+            else client_state
+        return ClientResult(task.client_id, gradient, num_samples, task.classes, loss, steps, payload, kept)
+
+
+register_client_plugin("curvature", CurvatureClient())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -12,7 +12,8 @@ from fl_lightning.cohort.members import CohortPlugin, Member, register_cohort_pl
 from fl_lightning.config import OptimizerConfig
 from fl_lightning.modules.learner import LocalLearner
 from fl_lightning.modules.stacking import StackedModel
-from fl_lightning.messages import ClientResult
+from fl_lightning.messages import ClientResult, ClientTask, task_settings
+from fl_lightning.plugins import ClientPlugin, register_client_plugin, upload_only
 
 
 class BinaryDetector(LocalLearner):
@@ -50,6 +51,26 @@ class BinaryDetector(LocalLearner):
         return self.detectors.stacked_state()
 
 
+def detector_task(client_id: int, params: dict[str, Tensor], classes: Sequence[int], optimizer: OptimizerConfig,
+                  stacking: str = "loop", epochs: Optional[int] = None) -> ClientTask:
+    """Train the stacked detectors ``params`` of ``classes`` (FedOVA's client, Step 2)."""
+    return ClientTask(client_id, "detectors", params,
+                      settings=task_settings(optimizer, classes=[int(c) for c in classes], stacking=stacking, epochs=epochs))
+
+
+class DetectorClient(ClientPlugin):
+    def build(self, ctx, task, client_state):
+        return BinaryDetector(ctx.template, task.classes, task.params, task.optimizer,
+                              stacking=task.settings.get("stacking", "loop"))
+
+    def result(self, task, module, num_samples, steps, loss, client_state):
+        return ClientResult(task.client_id, upload_only(task, module.stacked_state()), num_samples, task.classes, loss,
+                            steps)
+
+
+register_client_plugin("detectors", DetectorClient())
+
+
 class DetectorCohort(CohortPlugin):
     """FedOVA's client in the cohort engine: each of the client's detectors is one member
     (its class is the member's constant), all drawing the client's batches; the client's
@@ -58,7 +79,10 @@ class DetectorCohort(CohortPlugin):
     def stack_key(self, task):
         return "stacked detectors"
 
-    def members(self, task):
+    def member_count(self, task):
+        return len(task.classes)
+
+    def members(self, task, client_state):
         return [Member({name: t[g] for name, t in task.params.items()}, {"target": torch.tensor(c)})
                 for g, c in enumerate(task.classes)]
 
@@ -67,7 +91,7 @@ class DetectorCohort(CohortPlugin):
         targets = (y == consts["target"]).float()
         return weighted_mean(F.binary_cross_entropy_with_logits(logits, targets, reduction="none"), weight)
 
-    def result(self, task, params, losses, steps, num_samples):
+    def result(self, task, params, losses, steps, num_samples, client_state):
         stacked = {name: torch.stack([p[name] for p in params]) for name in params[0]}
         return ClientResult(task.client_id, stacked, num_samples, task.classes, float(sum(losses)), steps)
 

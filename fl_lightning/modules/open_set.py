@@ -14,15 +14,17 @@ The outliers of a batch are made by the Lightning callbacks this module configur
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fl_lightning.config import OptimizerConfig
+from fl_lightning.messages import ClientResult, ClientTask, task_settings
 from fl_lightning.modules.learner import LocalLearner
 from fl_lightning.outliers.destruction import DESTRUCTION_OPS
+from fl_lightning.plugins import ClientPlugin, register_client_plugin
 
 
 @dataclass(frozen=True)
@@ -136,3 +138,25 @@ class OpenSetDetector(LocalLearner):
 
     def flat_state(self) -> dict[str, Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.network.state_dict().items()}
+
+
+def open_set_task(client_id: int, params: dict[str, Tensor], optimizer: OptimizerConfig, num_classes: int,
+                  loss: OpenSetLoss) -> ClientTask:
+    """Train an (n + 1)-way open-set classifier with ``loss`` (FedOV's client, Algorithm 1)."""
+    settings = task_settings(optimizer, num_classes=num_classes, open_set=asdict(loss))
+    return ClientTask(client_id, "open_set", params, settings=settings)
+
+
+class OpenSetClient(ClientPlugin):
+    def build(self, ctx, task, client_state):
+        from fl_lightning.modules.classifier import client_network
+
+        loss = task.settings["open_set"]
+        loss = OpenSetLoss(**{k: tuple(v) if isinstance(v, list) else v for k, v in loss.items()})
+        return OpenSetDetector(client_network(ctx, task), task.settings["num_classes"], task.optimizer, loss)
+
+    def result(self, task, module, num_samples, steps, loss, client_state):
+        return ClientResult(task.client_id, module.flat_state(), num_samples, task.classes, loss, steps)
+
+
+register_client_plugin("open_set", OpenSetClient())

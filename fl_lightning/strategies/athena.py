@@ -40,7 +40,10 @@ from fl_lightning.clustering import DBSCANClustering, label_set_ids
 from fl_lightning.composition import Criterion, compose
 from fl_lightning.convergence import DEFAULT_TOL, has_converged
 from fl_lightning.models import last_layer_names
+from fl_lightning.modules.classifier import classifier_task
+from fl_lightning.modules.detectors import detector_task
 from fl_lightning.modules.stacking import StackedModel, stack_models
+from fl_lightning.messages import prefixed
 from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy, sample_clients
 
 PROBE, DET = "probe.", "detectors."
@@ -157,16 +160,16 @@ class AthenaFL(Strategy):
             return None
         self._label_sets[client_id] = classes  # what the client reports; the ground truth of the ARI
         if not self.clustered(state):
-            params = {k[len(PROBE):]: v.clone() for k, v in state.items() if k.startswith(PROBE)}
-            return ClientTask(client_id, "classifier", params, classes, self.optimizer, network=self.probe,
-                              epochs=self.probe_epochs, upload=self.upload_names)
+            params = {k: v.clone() for k, v in prefixed(state, PROBE).items()}
+            return classifier_task(client_id, params, self.optimizer, architecture=self.probe_architecture,
+                                   num_outputs=self.num_classes, classes=classes, epochs=self.probe_epochs,
+                                   upload=self.upload_names)
         rows = self._rows(state, client_id, classes)
         if not rows:
             return None
         index = torch.tensor(rows)
-        params = {k[len(DET):]: v[index].clone() for k, v in state.items() if k.startswith(DET)}
-        return ClientTask(client_id, "detectors", params, tuple(state[DET_CLASS][index].tolist()), self.optimizer,
-                          self.stacking)
+        params = {k: v[index].clone() for k, v in prefixed(state, DET).items()}
+        return detector_task(client_id, params, state[DET_CLASS][index].tolist(), self.optimizer, self.stacking)
 
     def _rows(self, state: State, client_id: int, classes) -> list[int]:
         """The active detectors of the client's cluster for the classes it holds."""
@@ -228,7 +231,7 @@ class AthenaFL(Strategy):
 
     # ---- Step 4: detectors inside each cluster -------------------------------------------
     def _train_detectors(self, state: State, results: list[ClientResult]) -> tuple[State, dict[str, Any]]:
-        detectors = {k[len(DET):]: v for k, v in state.items() if k.startswith(DET)}
+        detectors = prefixed(state, DET)
         updates = [(self._rows(state, r.client_id, r.classes), r.params, r.num_samples) for r in results]
         averaged, group_sizes = one_vs_all_groups(detectors, updates, self.weighted)
         new = dict(state)
@@ -286,7 +289,7 @@ class AthenaFL(Strategy):
                 converged=bool(state[CONVERGED_ROUND][row] > 0), val_accuracy=d.val_accuracy,
                 val_samples=d.val_samples, cluster_classes=d.cluster_classes, architecture=self.architecture_name,
                 in_channels=d.in_channels, image_size=d.image_size,
-                params={k[len(DET):]: v[row].clone() for k, v in state.items() if k.startswith(DET)}))
+                params={k: v[row].clone() for k, v in prefixed(state, DET).items()}))
         self._db.put(records)
 
     @property
@@ -315,7 +318,7 @@ class AthenaFL(Strategy):
         key = (id(state), int(state[DET_ROUND]))
         if self._composed is None or self._composed[0] != key:
             rows = list(range(len(state[DET_CLASS])))
-            per_row = [{k[len(DET):]: v[r] for k, v in state.items() if k.startswith(DET)} for r in rows]
+            per_row = [{k: v[r] for k, v in prefixed(state, DET).items()} for r in rows]
             model, _ = compose(self.template, self.describe(state), per_row, self.num_classes, self.composition,
                                self.stacking)
             self._composed = (key, model.to(device))
@@ -338,7 +341,7 @@ class AthenaFL(Strategy):
     def _binary_accuracy(self, state: State, rows: list[int], x: Tensor, y: Tensor) -> Tensor:
         """Per detector row: how often (logit > 0) == (y is its class), in float64 on the CPU."""
         index = torch.tensor(rows)
-        stacked = {k[len(DET):]: v[index] for k, v in state.items() if k.startswith(DET)}
+        stacked = {k: v[index] for k, v in prefixed(state, DET).items()}
         model = StackedModel(self.template, stacked, mode=self.stacking).to(x.device)
         logits = torch.cat([model(x[i:i + 500]).squeeze(-1) for i in range(0, len(x), 500)], dim=1)
         positives = y.unsqueeze(0) == state[DET_CLASS][index].to(y.device).unsqueeze(1)

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.aggregation import fedavg
+from fl_lightning.modules.classifier import classifier_task
 from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy, model_logits
 
 
@@ -33,7 +34,7 @@ class FedAvg(Strategy):
     def configure_client(self, state: State, client_id: int, labels: np.ndarray) -> Optional[ClientTask]:
         if len(labels) == 0:
             return None
-        return ClientTask(client_id, "classifier", {k: v.clone() for k, v in state.items()}, (), self.optimizer)
+        return classifier_task(client_id, {k: v.clone() for k, v in state.items()}, self.optimizer)
 
     def aggregate(self, state: State, results: list[ClientResult]) -> tuple[State, dict[str, Any]]:
         return fedavg([r.params for r in results], [r.num_samples for r in results], self.weighted), {}

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 
 from fl_lightning.aggregation import fedavg
+from fl_lightning.modules.classifier import classifier_task
+from fl_lightning.modules.curvature import curvature_task
 from fl_lightning.strategies.base import ClientResult, ClientTask, State
 from fl_lightning.strategies.fedavg import FedAvg
 
@@ -43,28 +45,27 @@ class FedDANE(FedAvg):
             raise ValueError(f"algorithm.mu={mu} must be >= 0")
         self.mu = mu
         self._global: Optional[State] = None
-        self._local: dict[int, State] = {}
+        self._probed: set[int] = set()
 
     def gradient_phase(self, state: State, client_ids: list[int]) -> Optional[list[ClientTask]]:
-        self._global, self._local = None, {}
-        return [ClientTask(k, "curvature", {n: v.clone() for n, v in state.items()}, (), self.optimizer, fisher=False)
+        self._global, self._probed = None, set()
+        # each client keeps its own gradient grad F_k(w_t) for the second phase
+        return [curvature_task(k, {n: v.clone() for n, v in state.items()}, fisher=False, keep_gradient=True)
                 for k in client_ids]
 
     def receive_gradients(self, results: list[ClientResult]) -> None:
-        self._local = {r.client_id: r.params for r in results}
+        self._probed = {r.client_id for r in results}
         self._global = fedavg([r.params for r in results], [r.num_samples for r in results], self.weighted)
 
     def configure_client(self, state: State, client_id: int, labels: np.ndarray) -> Optional[ClientTask]:
         task = super().configure_client(state, client_id, labels)
         if task is None:
             return None
-        if self._global is None or client_id not in self._local:
+        if self._global is None or client_id not in self._probed:
             raise RuntimeError(f"FedDANE: client {client_id} has no gradient from this round's gradient phase")
-        task.prox_mu = self.mu
-        task.global_gradient = {n: g.clone() for n, g in self._global.items()}
-        task.local_gradient = self._local[client_id]
-        task.params_cached = True  # w_t came with the gradient phase
-        return task
+        # w_t came with the gradient phase (params_held: not sent again)
+        return classifier_task(client_id, task.params, self.optimizer, prox_mu=self.mu,
+                               global_gradient={n: g.clone() for n, g in self._global.items()}, params_held=True)
 
     def aggregate(self, state: State, results: list[ClientResult]) -> tuple[State, dict[str, Any]]:
         new, _ = super().aggregate(state, results)

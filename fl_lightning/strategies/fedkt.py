@@ -18,7 +18,9 @@ from torch import Tensor
 
 from fl_lightning.aggregation import fedavg
 from fl_lightning.distillation import DistillationConfig, distill
-from fl_lightning.knowledge_transfer import KnowledgeTransferConfig, predict_classes, vote_counts
+from fl_lightning.knowledge_transfer import KnowledgeTransferConfig, party_task, predict_classes, vote_counts
+from fl_lightning.modules.classifier import classifier_task
+from fl_lightning.messages import prefixed
 from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy, model_logits
 
 STUDENTS = "students."
@@ -79,10 +81,9 @@ class FedKT(Strategy):
             return None
         if not self.transferred(state):
             # The parties initialise their own teachers and students: nothing is sent down.
-            return ClientTask(client_id, "knowledge_transfer", {}, (), self.optimizer, num_classes=self.num_classes,
-                              knowledge_transfer=self.party)
+            return party_task(client_id, self.optimizer, self.num_classes, self.party)
         params = {k: v.clone() for k, v in self.final_model(state).items()}
-        return ClientTask(client_id, "classifier", params, (), self.optimizer, prox_mu=self.mu)
+        return classifier_task(client_id, params, self.optimizer, prox_mu=self.mu)
 
     # ---- server ----------------------------------------------------------------------------
     def aggregate(self, state: State, results: list[ClientResult]) -> tuple[State, dict[str, Any]]:
@@ -120,7 +121,7 @@ class FedKT(Strategy):
         models = []
         for slot in slots:
             model = self.context.make_model(self.num_classes)
-            model.load_state_dict({k[len(STUDENTS):]: v[slot] for k, v in state.items() if k.startswith(STUDENTS)})
+            model.load_state_dict({k: v[slot] for k, v in prefixed(state, STUDENTS).items()})
             models.append(model.to(device))
         return models
 

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.aggregation import one_vs_all_groups
+from fl_lightning.modules.detectors import detector_task
 from fl_lightning.modules.stacking import StackedModel, stack_models
 from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy
 
@@ -44,7 +45,7 @@ class FedOVA(Strategy):
             return None
         index = torch.tensor(classes)
         params = {name: t[index].clone() for name, t in state.items()}
-        return ClientTask(client_id, "detectors", params, classes, self.optimizer, self.stacking)
+        return detector_task(client_id, params, classes, self.optimizer, self.stacking)
 
     def aggregate(self, state: State, results: list[ClientResult]) -> tuple[State, dict[str, Any]]:
         new, group_sizes = one_vs_all_groups(

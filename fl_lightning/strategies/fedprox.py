@@ -27,5 +27,5 @@ class FedProx(FedAvg):
     def configure_client(self, state: State, client_id: int, labels: np.ndarray) -> Optional[ClientTask]:
         task = super().configure_client(state, client_id, labels)
         if task is not None:
-            task.prox_mu = self.mu
+            task.settings["prox_mu"] = self.mu
         return task

@@ -30,6 +30,8 @@ from torch import Tensor
 
 from fl_lightning.config import OptimizerConfig
 from fl_lightning.lbfgs import CURVATURE_EPS, push_pair, two_loop_direction
+from fl_lightning.modules.curvature import FISHER, curvature_task
+from fl_lightning.plugins import prefixed
 from fl_lightning.strategies.base import ClientResult, ClientTask, ServerContext, State, Strategy
 from fl_lightning.strategies.fedavg import FedAvg
 from fl_lightning.strategies.fedova import FedOVA
@@ -94,15 +96,14 @@ class _FIMLBFGSUpdate(Strategy):
         """Algorithm 1, line 4 (ClientUpdate(k, w_t)): the model — for FedOVA only the detectors
         of the labels the client holds — goes to a gradient-and-Fisher probe."""
         task = super().configure_client(self.model(state), client_id, labels)
-        if task is not None:
-            task.kind, task.fisher = "curvature", True
-        return task
+        return None if task is None else curvature_task(client_id, task.params, task.classes, fisher=True)
 
     def _contributions(self, result: ClientResult) -> list[tuple[int, State, State]]:
         """(group, gradient, Fisher) of one client: group 0, or one per detector it probed."""
+        fisher = prefixed(result.payload, FISHER)
         if not self.one_vs_all:
-            return [(0, result.params, result.extras)]
-        return [(int(c), {n: t[row] for n, t in result.params.items()}, {n: t[row] for n, t in result.extras.items()})
+            return [(0, result.params, fisher)]
+        return [(int(c), {n: t[row] for n, t in result.params.items()}, {n: t[row] for n, t in fisher.items()})
                 for row, c in enumerate(result.classes)]
 
     def aggregate(self, state: State, results: list[ClientResult]) -> tuple[State, dict[str, Any]]:

@@ -1,10 +1,10 @@
 """SCAFFOLD (Karimireddy et al., ICML 2020), option II control variates, global learning
 rate 1 (as in NIID-Bench).
 
-The global state holds the model under its plain parameter names, the server's control
-variate c as ``control_global/<name>`` and every client's own c_i stacked (N, ...) as
-``control/<name>``: c_i is client state that persists across rounds, and keeping it in the
-state puts it in the checkpoints, so a resumed run repeats the uninterrupted one.
+The global state holds the model under its plain parameter names and the server's control
+variate c as ``control_global/<name>``. Each client's own c_i is client state: the client
+keeps it between rounds (ClientResult.client_state; the federation checkpoints what its
+clients keep, so a resumed run repeats the uninterrupted one) and never sends it.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fl_lightning.aggregation import fedavg, scaffold_controls
+from fl_lightning.aggregation import fedavg, scaffold_server_control
 from fl_lightning.config import OptimizerConfig
+from fl_lightning.modules.classifier import CONTROL, classifier_task
+from fl_lightning.plugins import prefixed
 from fl_lightning.strategies.base import ClientResult, ClientTask, ServerContext, State
 from fl_lightning.strategies.fedavg import FedAvg
 from fl_lightning.strategies.fednova import require_sgd
 
-CONTROL = "control/"
 CONTROL_GLOBAL = "control_global/"
 
 
@@ -52,31 +53,26 @@ class SCAFFOLD(FedAvg):
 
     def initial_state(self, generator: torch.Generator) -> State:
         state = super().initial_state(generator)
-        n = self.context.num_clients
-        for name in self.param_names:
-            shape = state[name].shape
-            state[CONTROL_GLOBAL + name] = torch.zeros(shape, dtype=state[name].dtype)
-            state[CONTROL + name] = torch.zeros((n, *shape), dtype=state[name].dtype)
+        for name in self.param_names:  # c = 0; each client's c_i = 0 is kept by the client
+            state[CONTROL_GLOBAL + name] = torch.zeros_like(state[name])
         return state
 
     @staticmethod
     def model(state: State) -> State:
-        return {k: v for k, v in state.items() if not k.startswith((CONTROL, CONTROL_GLOBAL))}
+        return {k: v for k, v in state.items() if not k.startswith(CONTROL_GLOBAL)}
 
     def configure_client(self, state: State, client_id: int, labels: np.ndarray) -> Optional[ClientTask]:
-        task = super().configure_client(self.model(state), client_id, labels)
-        if task is not None:
-            task.control = {name: state[CONTROL_GLOBAL + name].clone() for name in self.param_names}
-            task.client_control = {name: state[CONTROL + name][client_id].clone() for name in self.param_names}
-        return task
+        if len(labels) == 0:
+            return None
+        control = {name: state[CONTROL_GLOBAL + name].clone() for name in self.param_names}
+        return classifier_task(client_id, {k: v.clone() for k, v in self.model(state).items()}, self.optimizer,
+                               control=control)
 
     def aggregate(self, state: State, results: list[ClientResult]) -> tuple[State, dict[str, Any]]:
         new = fedavg([r.params for r in results], [r.num_samples for r in results], self.weighted)
-        c, ci = scaffold_controls({k: state[CONTROL_GLOBAL + k] for k in self.param_names},
-                                  {k: state[CONTROL + k] for k in self.param_names},
-                                  [(r.client_id, r.extras) for r in results], self.context.num_clients)
+        c = scaffold_server_control({k: state[CONTROL_GLOBAL + k] for k in self.param_names},
+                                    [prefixed(r.payload, CONTROL) for r in results], self.context.num_clients)
         new.update({CONTROL_GLOBAL + k: v for k, v in c.items()})
-        new.update({CONTROL + k: v for k, v in ci.items()})
         norm = torch.sqrt(sum((v.double() ** 2).sum() for v in c.values()))
         return new, {"scaffold/control_norm": float(norm)}
 

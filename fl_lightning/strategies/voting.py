@@ -16,9 +16,11 @@ import torch
 from torch import Tensor
 
 from fl_lightning.distillation import DistillationConfig, distill, teacher_probabilities
-from fl_lightning.modules.open_set import OpenSetLoss
+from fl_lightning.modules.classifier import classifier_task
+from fl_lightning.modules.open_set import OpenSetLoss, open_set_task
 from fl_lightning.modules.stacking import StackedModel, stack_models
 from fl_lightning.outliers.destruction import DESTRUCTION_OPS
+from fl_lightning.messages import prefixed
 from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy, model_logits
 
 VOTERS = "voters"
@@ -80,7 +82,7 @@ class _Ensemble(Strategy):
         return self.client_task(client_id, params)
 
     def client_task(self, client_id: int, params: State) -> ClientTask:
-        return ClientTask(client_id, self.kind, params, (), self.optimizer)
+        return classifier_task(client_id, params, self.optimizer)
 
     def aggregate(self, state: State, results: list[ClientResult]) -> tuple[State, dict[str, Any]]:
         """Line 11: collect f_1..f_N as an ensemble (each result goes to its client's slot)."""
@@ -117,7 +119,7 @@ class _Ensemble(Strategy):
         votes = teacher_probabilities(lambda xb: self.vote(self.member_probabilities(state, xb)), x)
         teacher = votes / votes.sum(1, keepdim=True).clamp_min(1e-12)  # v_n(x) = v(x) / |v(x)|_1
         student = self.context.make_model(self.num_classes)
-        student.load_state_dict({k[len(STUDENT):]: v for k, v in state.items() if k.startswith(STUDENT)})
+        student.load_state_dict(prefixed(state, STUDENT))
         cfg = DistillationConfig(self.distill_epochs, self.distill_lr, self.distill_batch_size)
         trained = distill(student, x, teacher, cfg, self.context.seed, self.context.accelerator)
         return {STUDENT + k: v for k, v in trained.items()}
@@ -126,7 +128,7 @@ class _Ensemble(Strategy):
         out = {}
         if self.distill:
             student = self.context.make_model(self.num_classes)
-            params = {k[len(STUDENT):]: v for k, v in state.items() if k.startswith(STUDENT)}
+            params = prefixed(state, STUDENT)
             with torch.no_grad():
                 pred = torch.cat([model_logits(student, params, x[i:i + 1000]).argmax(1)
                                   for i in range(0, len(x), 1000)])
@@ -194,8 +196,7 @@ class FedOV(_Ensemble):
                            self.context.pixel_mean, self.context.pixel_std)
 
     def client_task(self, client_id: int, params: State) -> ClientTask:
-        return ClientTask(client_id, self.kind, params, (), self.optimizer, open_set=self.loss(),
-                          num_classes=self.num_classes)
+        return open_set_task(client_id, params, self.optimizer, self.num_classes, self.loss())
 
     def vote(self, probs: Tensor) -> Tensor:
         return open_set_vote(probs, self.top_k)

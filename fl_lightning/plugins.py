@@ -1,0 +1,79 @@
+"""Client plug-ins: what a client does with a task of each kind.
+
+A plug-in builds the LightningModule that trains a task and says what goes back to the server
+(and what the client keeps for its later rounds). Each one lives beside the module it trains
+and registers itself under its task kind; the client executor (fl_lightning.client), the
+cohort engine and the Flower ClientApp look plug-ins up by kind and know no algorithm.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import torch
+
+from fl_lightning.config import FederationConfig
+from fl_lightning.messages import ClientResult, ClientTask, State, prefixed, with_prefix  # noqa: F401  (re-exported)
+
+if TYPE_CHECKING:  # the executor's context; imported lazily to keep the loop below the plug-ins
+    from fl_lightning.client import ClientContext
+
+#: packages whose import registers the shipped plug-ins (looked up on first use, so that a
+#: worker process or a Flower SuperNode finds them without importing any strategy)
+PLUGIN_PACKAGES = ("fl_lightning.modules", "fl_lightning.knowledge_transfer")
+
+_PLUGINS: dict[str, "ClientPlugin"] = {}
+
+
+class ClientPlugin(ABC):
+    """The client side of one task kind. The default ``train`` is FedAvg's ClientUpdate shape:
+    build a module, fit it on the client's batches for E local epochs, read the result."""
+
+    def local_epochs(self, task: ClientTask, federation: FederationConfig) -> int:
+        return task.epochs if task.epochs is not None else federation.local_epochs
+
+    @abstractmethod
+    def build(self, ctx: "ClientContext", task: ClientTask, client_state: State):
+        """The LightningModule that trains ``task`` (``client_state``: what this client kept)."""
+
+    @abstractmethod
+    def result(self, task: ClientTask, module, num_samples: int, steps: int, loss: float,
+               client_state: State) -> ClientResult:
+        """What goes back (and, in ``client_state``, what the client keeps) after the fit."""
+
+    def train(self, ctx: "ClientContext", task: ClientTask, indices: np.ndarray, seed: int, callbacks: Sequence,
+              client_state: State) -> ClientResult:
+        from fl_lightning.client import fit_module
+        from fl_lightning.data.batches import ClientBatches
+
+        batches = ClientBatches(ctx.x, ctx.y, torch.from_numpy(indices), ctx.federation.batch_size,
+                                torch.Generator().manual_seed(seed))
+        module = self.build(ctx, task, client_state)
+        steps, loss = fit_module(ctx, module, batches, self.local_epochs(task, ctx.federation), callbacks)
+        return self.result(task, module, len(indices), steps, loss, client_state)
+
+
+def register_client_plugin(kind: str, plugin: ClientPlugin) -> None:
+    _PLUGINS[kind] = plugin
+
+
+def client_plugin(kind: str) -> ClientPlugin:
+    if kind not in _PLUGINS:
+        for package in PLUGIN_PACKAGES:
+            importlib.import_module(package)
+    if kind not in _PLUGINS:
+        raise ValueError(f"no client plug-in for task kind {kind!r} (registered: {sorted(_PLUGINS)})")
+    return _PLUGINS[kind]
+
+
+def upload_only(task: ClientTask, params: State) -> State:
+    """The parameters the task asks back (``task.upload``; None: all)."""
+    if task.upload is None:
+        return params
+    missing = set(task.upload) - set(params)
+    if missing:
+        raise ValueError(f"client {task.client_id}: asked to upload unknown parameters {sorted(missing)}")
+    return {name: params[name] for name in task.upload}
