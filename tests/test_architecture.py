@@ -140,3 +140,40 @@ def test_the_worked_example_in_the_architecture_doc_runs_as_a_new_algorithm(tmp_
     assert any(not torch.equal(final[k], start[k]) for k in final if k.startswith("head."))
     head_bytes = sum(v.numel() * v.element_size() for k, v in start.items() if k.startswith("head."))
     assert summary["history"][0]["bytes/up"] == summary["history"][0]["clients"] * head_bytes
+
+
+ALGORITHM_NAMES = ("fedova", "fedov", "fedavg", "fedprox", "fednova", "scaffold", "feddane", "feddf", "fedkt",
+                   "athena", "fimlbfgs", "lbfgs", "proser", "open_set", "voting", "detector", "curvature", "party")
+GENERIC = [PACKAGE / "client.py", PACKAGE / "federation.py", PACKAGE / "plugins.py", PACKAGE / "messages.py",
+           PACKAGE / "flower" / "codec.py", *python_files(PACKAGE / "cohort")]
+
+
+def code_names(path: Path) -> list[tuple[int, str]]:
+    """Identifiers and string literals of ``path``'s code; comments and docstrings (which may
+    cite an algorithm as an example) left out."""
+    import io
+    import tokenize
+
+    tokens = list(tokenize.generate_tokens(io.StringIO(path.read_text()).readline))
+    found, previous = [], tokenize.NEWLINE
+    for tok in tokens:
+        if tok.type == tokenize.NAME or (tok.type == tokenize.STRING and previous not in (tokenize.NEWLINE, tokenize.INDENT,
+                                                                                         tokenize.DEDENT, tokenize.NL)):
+            found.append((tok.start[0], tok.string))
+        if tok.type not in (tokenize.COMMENT, tokenize.NL):
+            previous = tok.type
+    return found
+
+
+def test_the_loop_client_cohort_engine_and_codec_name_no_algorithm():
+    hits = [f"{path.relative_to(ROOT)}:{line}: {name}" for path in GENERIC for line, name in code_names(path)
+            if any(a in name.lower() for a in ALGORITHM_NAMES)]
+    assert hits == []
+
+
+def test_the_algorithm_name_check_sees_code_but_not_docstrings(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""FedOVA is cited here."""\n\n\ndef f(task):\n    # SCAFFOLD too\n'
+                      '    return task.kind == "detectors"\n')
+    assert [name for _, name in code_names(sample) if "detector" in name.lower()] == ['"detectors"']
+    assert not [name for _, name in code_names(sample) if "fedova" in name.lower() or "scaffold" in name.lower()]

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_lightning.aggregation import fedavg, fednova, fednova_norm
+from fl_lightning.aggregation import fedavg, fednova, fednova_norm, scaffold_server_control
 from fl_lightning.checkpoint import load_checkpoint, save_atomic
 from fl_lightning.cli import main
 from fl_lightning.client import ClientContext, train_client
@@ -315,3 +315,13 @@ def test_client_sampling_draws_from_the_run_sampler_and_checks_the_fraction():
         with pytest.raises(ValueError, match="client_fraction"):
             sample_clients(torch.Generator(), 10, bad)
     assert FedAvg().state_num_bytes({"w": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.float64)}) == 12 * 4 + 5 * 8
+
+
+def test_scaffold_server_control_accumulates_in_float64():
+    # float32 would lose the 1 between 1e8 and -1e8: (1e8 + 1) - 1e8 = 0 in float32
+    c = {"w": torch.zeros(1)}
+    deltas = [{"w": torch.tensor([1e8])}, {"w": torch.tensor([1.0])}, {"w": torch.tensor([-1e8])}]
+
+    new = scaffold_server_control(c, deltas, num_clients=1)
+
+    assert new["w"].dtype == torch.float32 and new["w"].item() == 1.0
