@@ -161,3 +161,18 @@ def test_a_partition_that_leaves_a_client_empty_is_refused_and_sharing_draws_dis
     many = partition_clients(labels, PartitionConfig(scheme="iid", num_clients=2, share_fraction=1.6), 0)
     shared = many[0][50:]
     assert len(shared) == 80 and len(set(shared.tolist())) == 80  # D_s: 80 distinct samples
+
+
+def test_non_iid_l_draws_labels_weighted_by_the_shards_they_have_left():
+    # 3 classes, K = 6 clients, l = 1: 2 shards per label. Client 0 takes some label A; then A
+    # has 1 shard left and the others 2 each, so client 1 draws A with probability 1/5 (by hand:
+    # 1 / (1 + 2 + 2)), not 1/3 as a uniform draw over the labels with shards left would.
+    labels = np.repeat([0, 1, 2], 4)
+    trials = 3000
+
+    same = 0
+    for seed in range(trials):
+        clients = non_iid_l(labels, 6, 1, np.random.default_rng(seed))
+        same += int(set(labels[clients[0]]) == set(labels[clients[1]]))
+
+    assert abs(same / trials - 1 / 5) < 0.04  # 5 standard errors; uniform would give 1/3
