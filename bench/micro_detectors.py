@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from fl_lightning.config import OptimizerConfig
 from fl_lightning.models import FashionCNN
-from fl_lightning.modules import BinaryDetector, stack_models
+from fl_lightning.algorithms.fedova import BinaryDetector
+from fl_lightning.modules import stack_models
 
 
 def batches(steps=200, batch=15):

@@ -82,8 +82,8 @@ def plain_fedov(fed) -> float:
     (n + 1)-way model with the same loss terms, batched destruction and FGSM as fl_lightning
     (the same functions, so only the framework around them differs); then open-set voting."""
     from callbacks.outliers import fgsm_away_from
-    from fl_lightning.outliers.destruction import destroy
-    from fl_lightning.strategies.voting import open_set_vote
+    from fl_lightning.algorithms.fedov.destruction import destroy
+    from fl_lightning.algorithms.fedov.voting import open_set_vote
 
     fed.setup()
     d, f, opt_cfg, s = fed._data, fed.federation, fed.optimizer, fed.strategy

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from lightning.pytorch import Callback
 from torch import Tensor, nn
 
-from fl_lightning.outliers.destruction import destroy
+from fl_lightning.algorithms.fedov.destruction import destroy
 
 
 class DataDestruction(Callback):

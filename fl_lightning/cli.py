@@ -29,7 +29,7 @@ def main(argv: Optional[list[str]] = None):
 
         return report.main(argv[1:])
     if argv and argv[0] == "compose":
-        from fl_lightning import compose_cli
+        from fl_lightning.algorithms.athena import compose_cli
 
         return compose_cli.main(argv[1:])
     parser, cfg, federation = build_federation(argv)

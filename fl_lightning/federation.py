@@ -26,8 +26,8 @@ from fl_lightning.per_client_eval import client_accuracy_summary, per_client_met
 from fl_lightning.provenance import reproducibility_info
 from fl_lightning.run_lock import run_dir_lock
 from fl_lightning.models import build_architecture, check_architecture_options
-from fl_lightning.strategies import ServerContext, Strategy
-from fl_lightning.strategies.base import sample_clients  # noqa: F401  (public: tests, bench)
+from fl_lightning.strategy import ServerContext, Strategy
+from fl_lightning.strategy import sample_clients  # noqa: F401  (public: tests, bench)
 
 EVAL_BATCH = 500
 GPU_EVAL_BATCH = 5000  # a GPU evaluates the test set in two launches per model instead of twenty
@@ -370,6 +370,14 @@ def _config_differences(saved: dict, current: dict, prefix: str = "") -> list[st
             continue
         if isinstance(a, dict) and isinstance(b, dict):
             diffs += _config_differences(a, b, dotted + ".")
+        elif dotted == "algorithm.class_path" and isinstance(a, str) and isinstance(b, str):
+            if strategy_name(a) != strategy_name(b):  # the module path moved (fl_lightning/algorithms/)
+                diffs.append(f"{dotted}: checkpoint {a!r} != now {b!r}")
         elif a != b:
             diffs.append(f"{dotted}: checkpoint {a!r} != now {b!r}")
     return diffs
+
+
+def strategy_name(class_path: str) -> str:
+    """A strategy's class name, whatever module path a saved config wrote it with."""
+    return class_path.rsplit(".", 1)[-1]

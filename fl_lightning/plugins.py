@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the executor's context; imported lazily to keep the loop be
 
 #: packages whose import registers the shipped plug-ins (looked up on first use, so that a
 #: worker process or a Flower SuperNode finds them without importing any strategy)
-PLUGIN_PACKAGES = ("fl_lightning.modules", "fl_lightning.knowledge_transfer")
+PLUGIN_PACKAGES = ("fl_lightning.algorithms",)
 
 _PLUGINS: dict[str, "ClientPlugin"] = {}
 

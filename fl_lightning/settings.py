@@ -88,8 +88,12 @@ def federation_from_config(config: dict, **options: Any):
     """The Federation of a saved configuration (a checkpoint's or summary.json's ``config``:
     the resolved settings), checked as the command line checks them."""
     parser = settings_parser()
-    cfg = with_default_algorithm(parser.parse_object({k: v for k, v in config.items()
-                                                      if k not in ("config", "__path__")}))
+    config = {k: v for k, v in config.items() if k not in ("config", "__path__")}
+    algorithm = config.get("algorithm")
+    if isinstance(algorithm, dict) and isinstance(algorithm.get("class_path"), str):
+        # by class name: configs saved before the strategies moved to fl_lightning/algorithms/
+        config["algorithm"] = {**algorithm, "class_path": algorithm["class_path"].rsplit(".", 1)[-1]}
+    cfg = with_default_algorithm(parser.parse_object(config))
     resolved = json.loads(parser.dump(cfg, skip_none=False, format="json_indented"))
     return _federation(parser.instantiate(cfg), cfg.seed, resolved, options)
 

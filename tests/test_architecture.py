@@ -53,8 +53,15 @@ def test_models_import_no_lightning_or_loop():
 
 def test_the_cohort_engine_imports_no_algorithm():
     # the engine knows plug-ins only through fl_lightning.cohort.members' registry
-    assert violations(python_files(PACKAGE / "cohort"), ("fl_lightning.modules", "fl_lightning.strategies.fedova",
-                                                          "fl_lightning.strategies.fedavg", "fl_lightning.aggregation")) == []
+    assert violations(python_files(PACKAGE / "cohort"), ("fl_lightning.modules", "fl_lightning.algorithms",
+                                                          "fl_lightning.aggregation")) == []
+
+
+def test_the_loop_client_and_flower_import_no_algorithm():
+    # they find client plug-ins by kind (fl_lightning.plugins) and strategies through settings.py
+    files = [PACKAGE / "client.py", PACKAGE / "federation.py", PACKAGE / "plugins.py", PACKAGE / "messages.py",
+             PACKAGE / "strategy.py", *python_files(PACKAGE / "cohort"), *python_files(PACKAGE / "flower")]
+    assert violations(files, ("fl_lightning.algorithms", "fl_lightning.strategies")) == []
 
 
 def test_nothing_imports_the_cli_but_its_entry_point():
@@ -177,3 +184,19 @@ def test_the_algorithm_name_check_sees_code_but_not_docstrings(tmp_path):
                       '    return task.kind == "detectors"\n')
     assert [name for _, name in code_names(sample) if "detector" in name.lower()] == ['"detectors"']
     assert not [name for _, name in code_names(sample) if "fedova" in name.lower() or "scaffold" in name.lower()]
+
+
+def test_configs_saved_before_the_algorithms_moved_still_build_and_resume(tmp_path):
+    from fl_lightning.federation import _config_differences
+    from fl_lightning.settings import federation_from_config
+
+    saved = {"algorithm": {"class_path": "fl_lightning.strategies.fedova.FedOVA", "init_args": {"weighted": False}},
+             "data": {"name": "synthetic"}, "run": {"dir": str(tmp_path)}}
+
+    federation = federation_from_config(saved)
+
+    assert type(federation.strategy).__name__ == "FedOVA"
+    now = {"algorithm": {"class_path": "fl_lightning.algorithms.FedOVA", "init_args": {"weighted": False}}}
+    assert _config_differences({"algorithm": saved["algorithm"]}, now) == []
+    other = {"algorithm": {"class_path": "fl_lightning.algorithms.FedAvg", "init_args": {"weighted": False}}}
+    assert _config_differences({"algorithm": saved["algorithm"]}, other)  # another algorithm is still refused

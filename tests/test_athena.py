@@ -8,18 +8,18 @@ import pytest
 import torch
 
 from fl_lightning.cli import main
-from fl_lightning.clustering import DBSCANClustering, auto_eps, label_set_ids
-from fl_lightning.clustering import k_distances, relabel
-from fl_lightning.composition import OneVsAllModel, choose_detectors
+from fl_lightning.algorithms.athena.clustering import DBSCANClustering, auto_eps, label_set_ids
+from fl_lightning.algorithms.athena.clustering import k_distances, relabel
+from fl_lightning.algorithms.athena.composition import OneVsAllModel, choose_detectors
 from fl_lightning.config import OptimizerConfig, PartitionConfig
 from fl_lightning.convergence import convergence_index, has_converged, multiclass_communication
 from fl_lightning.data.partition import partition_clients
 from fl_lightning.data.preprocess import hold_out_validation
-from fl_lightning.detector_db import DetectorDatabase, DetectorRecord
+from fl_lightning.algorithms.athena.detector_db import DetectorDatabase, DetectorRecord
 from fl_lightning.models import AthenaDetectorCNN, MobileNet, last_layer_names
 from fl_lightning.strategies import AthenaFL, ServerContext
-from fl_lightning.strategies.athena import CLIENT_CLUSTER, CONVERGED_ROUND, DET, DET_CLASS, DET_CLUSTER
-from fl_lightning.strategies.base import ClientResult
+from fl_lightning.algorithms.athena.strategy import CLIENT_CLUSTER, CONVERGED_ROUND, DET, DET_CLASS, DET_CLUSTER
+from fl_lightning.strategy import ClientResult
 from tests.conftest import tiny_args
 
 
@@ -115,7 +115,7 @@ def test_label_set_ids_group_equal_label_sets():
     assert label_set_ids([(0, 1), (2, 3), (1, 0), (2, 3), (4,)]).tolist() == [0, 1, 0, 1, 2]
 
 
-# ---- clustering, by hand (each branch of fl_lightning/clustering.py; docs/mutation.md) ---------
+# ---- clustering, by hand (each branch of fl_lightning/algorithms/athena/clustering.py; docs/mutation.md) ---------
 
 def test_clustering_settings_refuse_a_non_positive_eps_or_min_samples_below_one():
     for eps in (0, 0.0, -1.0):
@@ -442,7 +442,7 @@ def test_cluster_on_all_uploads_every_probe_parameter(tmp_path):
 
 
 def test_batch_norm_networks_skip_a_lone_sample_batch_instead_of_failing():
-    from fl_lightning.modules import MultiClassClassifier
+    from fl_lightning.algorithms.baselines import MultiClassClassifier
 
     net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.AdaptiveAvgPool2d(1),
                               torch.nn.Flatten(), torch.nn.Linear(4, 3))

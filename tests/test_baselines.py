@@ -18,7 +18,7 @@ from fl_lightning.cli import main
 from fl_lightning.client import ClientContext, train_client
 from fl_lightning.config import FederationConfig, OptimizerConfig, TrainerConfig
 from fl_lightning.federation import sample_clients
-from fl_lightning.modules.classifier import CONTROL, ClassifierClient, classifier_task
+from fl_lightning.algorithms.baselines.classifier import CONTROL, ClassifierClient, classifier_task
 from fl_lightning.plugins import with_prefix
 from fl_lightning.strategies import SCAFFOLD, ClientResult, FedAvg, FedNova, ServerContext
 from tests.conftest import tiny_args
@@ -304,7 +304,7 @@ def test_fedova_weighted_option_weights_each_detector_group_by_sample_counts():
 
 
 def test_client_sampling_draws_from_the_run_sampler_and_checks_the_fraction():
-    from fl_lightning.strategies.base import sample_clients
+    from fl_lightning.strategy import sample_clients
 
     drawn = sample_clients(torch.Generator().manual_seed(7), 10, 0.3)
     assert drawn == sorted(torch.randperm(10, generator=torch.Generator().manual_seed(7))[:3].tolist())

@@ -2,8 +2,8 @@ import pytest
 import torch
 from torchvision.transforms.functional import gaussian_blur
 
-from fl_lightning.outliers import DESTRUCTION_OPS, destroy
-from fl_lightning.outliers import destruction as D
+from fl_lightning.algorithms.fedov.destruction import DESTRUCTION_OPS, destroy
+from fl_lightning.algorithms.fedov import destruction as D
 
 SHAPES = [(16, 1, 28, 28), (8, 3, 32, 32), (8, 1, 20, 28)]
 OPS = {name: getattr(D, name) for name in DESTRUCTION_OPS} | {"destroy": destroy}

@@ -8,7 +8,7 @@ from fl_lightning.config import FederationConfig, OptimizerConfig, TrainerConfig
 from fl_lightning.data import ClientBatches, synthetic_dataset
 from fl_lightning.models import FashionCNN
 from fl_lightning.modules import StackedModel, stack_models
-from fl_lightning.modules.detectors import detector_task
+from fl_lightning.algorithms.fedova.detectors import detector_task
 
 
 @pytest.fixture(scope="module")

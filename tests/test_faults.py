@@ -53,7 +53,7 @@ def test_a_raising_client_is_dropped_and_logged_and_the_round_completes(tmp_path
 
 def _sampled(summary):
     # FedOVA group sizes name classes, not clients; re-derive round 1's sample instead.
-    from fl_lightning.strategies.base import sample_clients
+    from fl_lightning.strategy import sample_clients
 
     return sample_clients(torch.Generator().manual_seed(summary["config"]["seed"] + 1), 10, 0.5)
 

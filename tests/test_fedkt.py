@@ -13,10 +13,10 @@ from fl_lightning.checkpoint import load_checkpoint
 from fl_lightning.cli import main
 from fl_lightning.client import ClientContext, train_client
 from fl_lightning.config import FederationConfig, OptimizerConfig, TrainerConfig
-from fl_lightning.knowledge_transfer import KnowledgeTransferConfig, majority_vote, party_task, teacher_split, vote_counts
+from fl_lightning.algorithms.fedkt.knowledge_transfer import KnowledgeTransferConfig, majority_vote, party_task, teacher_split, vote_counts
 from fl_lightning.strategies import FedKT, ServerContext
-from fl_lightning.strategies.base import ClientResult
-from fl_lightning.strategies.fedkt import PARTIES, STUDENTS
+from fl_lightning.strategy import ClientResult
+from fl_lightning.algorithms.fedkt.strategy import PARTIES, STUDENTS
 from tests.conftest import outcome, tiny_args
 
 

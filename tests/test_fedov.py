@@ -10,12 +10,13 @@ import torch.nn.functional as F
 
 from fl_lightning.cli import main
 from fl_lightning.config import OptimizerConfig
-from fl_lightning.distillation import DistillationConfig, distill
+from fl_lightning.algorithms.fedov.distillation import DistillationConfig, distill
 from fl_lightning.models import SimpleCNN
-from fl_lightning.modules import MultiClassClassifier, OpenSetDetector, OpenSetLoss
+from fl_lightning.algorithms.baselines import MultiClassClassifier
+from fl_lightning.algorithms.fedov import OpenSetDetector, OpenSetLoss
 from fl_lightning.strategies import CloseSetVoting, FedOV, ServerContext
-from fl_lightning.strategies.base import ClientResult
-from fl_lightning.strategies.voting import close_set_vote, open_set_vote
+from fl_lightning.strategy import ClientResult
+from fl_lightning.algorithms.fedov.voting import close_set_vote, open_set_vote
 from callbacks.outliers import fgsm_away_from
 from tests.conftest import tiny_args
 
@@ -237,7 +238,7 @@ def test_fedov_one_shot_run_end_to_end_and_from_its_checkpoint(tmp_path, capsys)
 def test_distilled_fedov_distils_on_the_first_half_of_the_test_set_and_evaluates_on_the_second(tmp_path, monkeypatch):
     from fl_lightning.checkpoint import load_checkpoint
     from fl_lightning.data.datasets import synthetic_dataset
-    from fl_lightning.strategies import voting
+    from fl_lightning.algorithms.fedov import voting
 
     distilled_on, evaluated_on = [], []
     real_distill, real_predict = voting.distill, FedOV.predict_logits
@@ -416,7 +417,7 @@ def test_fgsm_settings_are_checked():
 
 
 def test_distillation_teacher_is_the_vote_normalised_to_sum_one(monkeypatch):
-    from fl_lightning.strategies import voting
+    from fl_lightning.algorithms.fedov import voting
 
     strategy = FedOV(distill=True, distill_epochs=3, distill_lr=0.5, distill_batch_size=7)
     public = torch.zeros(2, 1, 28, 28)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_lightning.fim_lbfgs_optim import FIMLBFGSOptimizer, batch_fisher
+from fl_lightning.algorithms.fimlbfgs.optimizer import FIMLBFGSOptimizer, batch_fisher
 
 
 def _quadratic_steps(opt, w, fisher, steps):

@@ -89,12 +89,12 @@ def test_flower_localhost_equals_in_process_and_drops_a_killed_client(tmp_path, 
 
 def test_codec_round_trips_every_task_kind_and_results():
     from fl_lightning.flower.codec import decode_reply, decode_task, encode_failure, encode_result, encode_task
-    from fl_lightning.knowledge_transfer import KnowledgeTransferConfig, party_task
-    from fl_lightning.modules.classifier import classifier_task
-    from fl_lightning.modules.curvature import curvature_task
-    from fl_lightning.modules.detectors import detector_task
-    from fl_lightning.modules.open_set import OpenSetLoss, open_set_task
-    from fl_lightning.strategies.base import ClientResult
+    from fl_lightning.algorithms.fedkt.knowledge_transfer import KnowledgeTransferConfig, party_task
+    from fl_lightning.algorithms.baselines.classifier import classifier_task
+    from fl_lightning.algorithms.fimlbfgs.curvature import curvature_task
+    from fl_lightning.algorithms.fedova.detectors import detector_task
+    from fl_lightning.algorithms.fedov.open_set import OpenSetLoss, open_set_task
+    from fl_lightning.strategy import ClientResult
 
     w = {"w": torch.randn(3, 2)}
     tasks = [

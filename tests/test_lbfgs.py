@@ -13,9 +13,9 @@ from fl_lightning.checkpoint import load_checkpoint
 from fl_lightning.cli import main
 from fl_lightning.client import ClientContext, train_client
 from fl_lightning.config import FederationConfig, OptimizerConfig, TrainerConfig
-from fl_lightning.lbfgs import diagonal_fisher, push_pair, two_loop_direction
-from fl_lightning.modules import CurvatureProbe
-from fl_lightning.modules.curvature import FISHER, curvature_task
+from fl_lightning.algorithms.fimlbfgs.lbfgs import diagonal_fisher, push_pair, two_loop_direction
+from fl_lightning.algorithms.fimlbfgs import CurvatureProbe
+from fl_lightning.algorithms.fimlbfgs.curvature import FISHER, curvature_task
 from fl_lightning.plugins import with_prefix
 from fl_lightning.strategies import FIMLBFGS, ClientResult, FedOVAFIMLBFGS, ServerContext
 from tests.conftest import tiny_args
@@ -296,7 +296,7 @@ def test_fedova_fimlbfgs_runs_through_the_cli(tmp_path):
 
 
 def test_a_pair_needs_curvature_strictly_above_eps():
-    from fl_lightning.lbfgs import has_curvature, push_pair
+    from fl_lightning.algorithms.fimlbfgs.lbfgs import has_curvature, push_pair
 
     s, orthogonal, along = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 2.0]), torch.tensor([3.0, 4.0])
     assert not has_curvature(s, orthogonal, eps=0.0)  # s . y = 0 = eps ||s|| ||y||: no curvature

@@ -9,8 +9,8 @@ import torch
 from torch import Tensor
 
 from fl_lightning.aggregation import fedavg
-from fl_lightning.modules.classifier import classifier_task
-from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy, model_logits
+from fl_lightning.algorithms.baselines.classifier import classifier_task
+from fl_lightning.strategy import ClientResult, ClientTask, State, Strategy, model_logits
 
 
 class FedAvg(Strategy):

@@ -9,10 +9,10 @@ import numpy as np
 import torch
 
 from fl_lightning.aggregation import fedavg
-from fl_lightning.modules.classifier import classifier_task
-from fl_lightning.modules.curvature import curvature_task
-from fl_lightning.strategies.base import ClientResult, ClientTask, State
-from fl_lightning.strategies.fedavg import FedAvg
+from fl_lightning.algorithms.baselines.classifier import classifier_task
+from fl_lightning.algorithms.fimlbfgs.curvature import curvature_task
+from fl_lightning.strategy import ClientResult, ClientTask, State
+from fl_lightning.algorithms.baselines.fedavg import FedAvg
 
 
 class FedDANE(FedAvg):

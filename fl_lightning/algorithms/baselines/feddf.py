@@ -9,9 +9,9 @@ import torch
 from torch import Tensor
 from torch.func import functional_call
 
-from fl_lightning.distillation import DistillationConfig, distill, teacher_probabilities
-from fl_lightning.strategies.base import ClientResult, State
-from fl_lightning.strategies.fedavg import FedAvg
+from fl_lightning.algorithms.fedov.distillation import DistillationConfig, distill, teacher_probabilities
+from fl_lightning.strategy import ClientResult, State
+from fl_lightning.algorithms.baselines.fedavg import FedAvg
 
 
 class FedDF(FedAvg):

@@ -17,11 +17,11 @@ from torch import Tensor
 
 from fl_lightning.aggregation import fedavg, scaffold_server_control
 from fl_lightning.config import OptimizerConfig
-from fl_lightning.modules.classifier import CONTROL, classifier_task
+from fl_lightning.algorithms.baselines.classifier import CONTROL, classifier_task
 from fl_lightning.plugins import prefixed
-from fl_lightning.strategies.base import ClientResult, ClientTask, ServerContext, State
-from fl_lightning.strategies.fedavg import FedAvg
-from fl_lightning.strategies.fednova import require_sgd
+from fl_lightning.strategy import ClientResult, ClientTask, ServerContext, State
+from fl_lightning.algorithms.baselines.fedavg import FedAvg
+from fl_lightning.algorithms.baselines.fednova import require_sgd
 
 CONTROL_GLOBAL = "control_global/"
 

@@ -9,9 +9,9 @@ import torch
 from torch import Tensor
 
 from fl_lightning.aggregation import one_vs_all_groups
-from fl_lightning.modules.detectors import detector_task
+from fl_lightning.algorithms.fedova.detectors import detector_task
 from fl_lightning.modules.stacking import StackedModel, stack_models
-from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy
+from fl_lightning.strategy import ClientResult, ClientTask, State, Strategy
 
 
 class FedOVA(Strategy):

@@ -104,7 +104,7 @@ def classifier_fitter(ctx: "ClientContext", task: ClientTask, callbacks: Sequenc
     cross-entropy training of one network by a per-client Trainer (teachers and students)."""
     from fl_lightning.client import fit_module
     from fl_lightning.data.batches import ClientBatches
-    from fl_lightning.modules.classifier import MultiClassClassifier
+    from fl_lightning.algorithms.baselines.classifier import MultiClassClassifier
 
     def fit(network: nn.Module, x: Tensor, y: Tensor, indices: np.ndarray, epochs: int, seed: int):
         batches = ClientBatches(x, y, torch.as_tensor(indices), ctx.federation.batch_size,

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from fl_lightning.composition import Criterion
+from fl_lightning.algorithms.athena.composition import Criterion
 from fl_lightning.config import DataConfig
 
 
@@ -21,7 +21,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--db_url", type=str, required=True, help="the detector database (SQLAlchemy URL)")
     parser.add_argument("--run", type=Optional[str], default=None, help="only this run's detectors (default: all)")
     parser.add_argument("--criterion", type=Criterion, default="most_classes",
-                        help="which detectors speak per class (fl_lightning.composition)")
+                        help="which detectors speak per class (fl_lightning.algorithms.athena.composition)")
     parser.add_argument("--converged_only", type=bool, default=False, help="skip detectors that never converged")
     parser.add_argument("--output", type=Optional[str], default=None, help="save the test predictions here (.pt)")
     parser.add_class_arguments(DataConfig, "data")
@@ -29,8 +29,8 @@ def build_parser() -> ArgumentParser:
 
 
 def composed_from_database(db_url: str, run: Optional[str], criterion: str, converged_only: bool, num_classes: int):
-    from fl_lightning.composition import compose
-    from fl_lightning.detector_db import DetectorDatabase
+    from fl_lightning.algorithms.athena.composition import compose
+    from fl_lightning.algorithms.athena.detector_db import DetectorDatabase
     from fl_lightning.models import build_architecture
 
     database = DetectorDatabase(db_url)

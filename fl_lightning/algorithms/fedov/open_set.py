@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from fl_lightning.config import OptimizerConfig
 from fl_lightning.messages import ClientResult, ClientTask, task_settings
 from fl_lightning.modules.learner import LocalLearner
-from fl_lightning.outliers.destruction import DESTRUCTION_OPS
+from fl_lightning.algorithms.fedov.destruction import DESTRUCTION_OPS
 from fl_lightning.plugins import ClientPlugin, register_client_plugin
 
 
@@ -149,7 +149,7 @@ def open_set_task(client_id: int, params: dict[str, Tensor], optimizer: Optimize
 
 class OpenSetClient(ClientPlugin):
     def build(self, ctx, task, client_state):
-        from fl_lightning.modules.classifier import client_network
+        from fl_lightning.algorithms.baselines.classifier import client_network
 
         loss = task.settings["open_set"]
         loss = OpenSetLoss(**{k: tuple(v) if isinstance(v, list) else v for k, v in loss.items()})

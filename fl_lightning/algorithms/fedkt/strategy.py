@@ -2,7 +2,7 @@
 transfer, FedOV's one-shot baseline with public data (Table 1 and Table 3).
 
 Round 1 is FedKT itself: every party trains s x t teachers and s students
-(fl_lightning.knowledge_transfer.train_party); the server labels the public data by the
+(fl_lightning.algorithms.fedkt.knowledge_transfer.train_party); the server labels the public data by the
 parties' consistent votes and trains the final model on it. Later rounds, if any, run
 FedProx (FedAvg with ``mu`` = 0) from the final model: FedOV's FedKT_FedProx (Figure 4).
 """
@@ -17,11 +17,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fl_lightning.aggregation import fedavg
-from fl_lightning.distillation import DistillationConfig, distill
-from fl_lightning.knowledge_transfer import KnowledgeTransferConfig, party_task, predict_classes, vote_counts
-from fl_lightning.modules.classifier import classifier_task
+from fl_lightning.algorithms.fedov.distillation import DistillationConfig, distill
+from fl_lightning.algorithms.fedkt.knowledge_transfer import KnowledgeTransferConfig, party_task, predict_classes, vote_counts
+from fl_lightning.algorithms.baselines.classifier import classifier_task
 from fl_lightning.messages import prefixed
-from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy, model_logits
+from fl_lightning.strategy import ClientResult, ClientTask, State, Strategy, model_logits
 
 STUDENTS = "students."
 PARTIES = "parties"  # (N,): 1 for the parties whose students are in the state

@@ -6,8 +6,8 @@ from typing import Optional
 
 import numpy as np
 
-from fl_lightning.strategies.base import ClientTask, State
-from fl_lightning.strategies.fedavg import FedAvg
+from fl_lightning.strategy import ClientTask, State
+from fl_lightning.algorithms.baselines.fedavg import FedAvg
 
 
 class FedProx(FedAvg):

@@ -5,7 +5,7 @@ kept in a database, and a one-vs-all model composed from detectors of any cluste
 Round 1 is Steps 1-3 of the paper's Figure 2: every client trains the broadcast multi-class
 probe (``probe_architecture``, ``probe_epochs`` local epochs) and uploads only its last
 layer (``cluster_on``); the server clusters those vectors with DBSCAN
-(``fl_lightning.clustering``) and creates one detector per (cluster, class held in the
+(``fl_lightning.algorithms.athena.clustering``) and creates one detector per (cluster, class held in the
 cluster). Rounds 2.. are Step 4: in every cluster with a detector still training,
 ``federation.client_fraction`` of its clients (at least one) are sampled; each trains the
 cluster's detectors of the classes it holds (``federation.local_epochs``, batch size B)
@@ -16,9 +16,9 @@ paper's 0.001 %) since the previous round has converged (Section 5.3). As in the
 every detector keeps training for the whole budget (``federation.rounds``) and the
 criterion only records its convergence round, from which E[e_dec] (Eq. 5) is estimated;
 with ``stop_converged`` a converged detector stops training instead. Step 5: every updated detector is written to the
-detector database (``fl_lightning.detector_db``) in one transaction per round. Step 6:
+detector database (``fl_lightning.algorithms.athena.detector_db``) in one transaction per round. Step 6:
 evaluation composes a one-vs-all model from all clusters' detectors
-(``fl_lightning.composition``, ``composition`` criterion).
+(``fl_lightning.algorithms.athena.composition``, ``composition`` criterion).
 
 Everything the strategy needs across rounds lives in the checkpointed state: the probe,
 each client's cluster, the stacked detectors and their cluster, class, validation accuracy
@@ -36,15 +36,15 @@ import torch
 from torch import Tensor
 
 from fl_lightning.aggregation import one_vs_all_groups
-from fl_lightning.clustering import DBSCANClustering, label_set_ids
-from fl_lightning.composition import Criterion, compose
+from fl_lightning.algorithms.athena.clustering import DBSCANClustering, label_set_ids
+from fl_lightning.algorithms.athena.composition import Criterion, compose
 from fl_lightning.convergence import DEFAULT_TOL, has_converged
 from fl_lightning.models import last_layer_names
-from fl_lightning.modules.classifier import classifier_task
-from fl_lightning.modules.detectors import detector_task
+from fl_lightning.algorithms.baselines.classifier import classifier_task
+from fl_lightning.algorithms.fedova.detectors import detector_task
 from fl_lightning.modules.stacking import StackedModel, stack_models
 from fl_lightning.messages import prefixed
-from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy, sample_clients
+from fl_lightning.strategy import ClientResult, ClientTask, State, Strategy, sample_clients
 
 PROBE, DET = "probe.", "detectors."
 CLIENT_CLUSTER, PROBE_VECTORS = "athena.client_cluster", "athena.probe_vectors"
@@ -67,7 +67,7 @@ class AthenaFL(Strategy):
     stop_converged: False (default, the paper: 200 epochs for every detector): train every
         detector for all rounds; the criterion only estimates E[e_dec]. True: converged
         detectors stop training (and cost no more bytes); the run ends when all have converged.
-    composition: most_classes | val_accuracy | ensemble (fl_lightning.composition).
+    composition: most_classes | val_accuracy | ensemble (fl_lightning.algorithms.athena.composition).
     db_url: the detector database (SQLAlchemy URL); unset: sqlite in the run folder.
     weighted: average detectors weighted by client sample counts (Eq. 4's p_kn) rather than plainly.
     """
@@ -271,7 +271,7 @@ class AthenaFL(Strategy):
 
     # ---- Step 5: the detector database -------------------------------------------------
     def _open_database(self):
-        from fl_lightning.detector_db import DetectorDatabase
+        from fl_lightning.algorithms.athena.detector_db import DetectorDatabase
 
         url = self.db_url
         if url is None:
@@ -280,7 +280,7 @@ class AthenaFL(Strategy):
         return DetectorDatabase(url)
 
     def _write(self, state: State, rows: list[int]) -> None:
-        from fl_lightning.detector_db import DetectorRecord
+        from fl_lightning.algorithms.athena.detector_db import DetectorRecord
 
         records = []
         for row, d in zip(rows, self.describe(state, rows)):

@@ -2,7 +2,7 @@
 over E epochs and every batch; Algorithm 2 for FedOVA's detectors): each client optimises
 locally with FIM-based L-BFGS steps built from its own batches, and the server averages the
 clients' models as FedAvg / FedOVA do. The server-side reading (one server step per round,
-clients computing curvature only) is ``fl_lightning.strategies.fimlbfgs``.
+clients computing curvature only) is ``fl_lightning.algorithms.fimlbfgs.strategy``.
 
 One step on a batch, with w the parameters flattened into one vector:
 
@@ -12,7 +12,7 @@ One step on a batch, with w the parameters flattened into one vector:
 - w <- w + lr p (p scaled down to ``max_step_norm`` if it is longer);
 - s = w_new - w_old, y = B s, kept if s . y > 0 (always, for B > 0), the last ``history``.
 
-The maths is ``fl_lightning.lbfgs``'s (two_loop_direction, push_pair, diagonal_fisher); the
+The maths is ``fl_lightning.algorithms.fimlbfgs.lbfgs``'s (two_loop_direction, push_pair, diagonal_fisher); the
 pair history lives in the optimizer's state, so ``state_dict`` carries it.
 """
 
@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.lbfgs import diagonal_fisher, push_pair, two_loop_direction
+from fl_lightning.algorithms.fimlbfgs.lbfgs import diagonal_fisher, push_pair, two_loop_direction
 
 
 def batch_fisher(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, y: Tensor) -> list[Tensor]:

@@ -10,8 +10,8 @@ import torch
 
 from fl_lightning.aggregation import fednova, fednova_norm
 from fl_lightning.config import OptimizerConfig
-from fl_lightning.strategies.base import ClientResult, ServerContext, State
-from fl_lightning.strategies.fedavg import FedAvg
+from fl_lightning.strategy import ClientResult, ServerContext, State
+from fl_lightning.algorithms.baselines.fedavg import FedAvg
 
 
 def require_sgd(optimizer: OptimizerConfig, algorithm: str, why: str) -> None:

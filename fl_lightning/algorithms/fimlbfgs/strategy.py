@@ -29,12 +29,12 @@ import torch
 from torch import Tensor
 
 from fl_lightning.config import OptimizerConfig
-from fl_lightning.lbfgs import CURVATURE_EPS, push_pair, two_loop_direction
-from fl_lightning.modules.curvature import FISHER, curvature_task
+from fl_lightning.algorithms.fimlbfgs.lbfgs import CURVATURE_EPS, push_pair, two_loop_direction
+from fl_lightning.algorithms.fimlbfgs.curvature import FISHER, curvature_task
 from fl_lightning.plugins import prefixed
-from fl_lightning.strategies.base import ClientResult, ClientTask, ServerContext, State, Strategy
-from fl_lightning.strategies.fedavg import FedAvg
-from fl_lightning.strategies.fedova import FedOVA
+from fl_lightning.strategy import ClientResult, ClientTask, ServerContext, State, Strategy
+from fl_lightning.algorithms.baselines.fedavg import FedAvg
+from fl_lightning.algorithms.fedova.strategy import FedOVA
 
 HISTORY_S, HISTORY_Y, HISTORY_COUNT = "lbfgs.s", "lbfgs.y", "lbfgs.count"
 HISTORY_KEYS = (HISTORY_S, HISTORY_Y, HISTORY_COUNT)

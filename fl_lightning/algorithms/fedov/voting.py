@@ -15,13 +15,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fl_lightning.distillation import DistillationConfig, distill, teacher_probabilities
-from fl_lightning.modules.classifier import classifier_task
-from fl_lightning.modules.open_set import OpenSetLoss, open_set_task
+from fl_lightning.algorithms.fedov.distillation import DistillationConfig, distill, teacher_probabilities
+from fl_lightning.algorithms.baselines.classifier import classifier_task
+from fl_lightning.algorithms.fedov.open_set import OpenSetLoss, open_set_task
 from fl_lightning.modules.stacking import StackedModel, stack_models
-from fl_lightning.outliers.destruction import DESTRUCTION_OPS
+from fl_lightning.algorithms.fedov.destruction import DESTRUCTION_OPS
 from fl_lightning.messages import prefixed
-from fl_lightning.strategies.base import ClientResult, ClientTask, State, Strategy, model_logits
+from fl_lightning.strategy import ClientResult, ClientTask, State, Strategy, model_logits
 
 VOTERS = "voters"
 STUDENT = "student."
