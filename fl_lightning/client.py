@@ -209,6 +209,22 @@ def checked(result: ClientResult):
     return result
 
 
+def collect(outcomes, total: int, on_result: Optional[Callable[[ClientResult, int, int], None]] = None
+            ) -> tuple[list[ClientResult], list[ClientFailure]]:
+    """(results, failures) of a phase's outcomes in job order, whichever executor produced them
+    (in process, worker processes, cohorts, Flower SuperNodes); ``on_result(result, done,
+    total)`` after each success."""
+    results, failures = [], []
+    for outcome in outcomes:
+        if isinstance(outcome, ClientFailure):
+            failures.append(outcome)
+            continue
+        results.append(outcome)
+        if on_result is not None:
+            on_result(outcome, len(results) + len(failures), total)
+    return results, failures
+
+
 def resolve_engine(cfg: TrainerConfig) -> str:
     """'auto': the cohort engine on a GPU (launch-bound one client at a time), per client on a
     CPU, where one client's steps already keep the cores busy (bench/README.md)."""
@@ -287,15 +303,7 @@ class ClientExecutor:
             args = [(task, indices, round_index, states.get(task.client_id)) for task, indices in jobs]
             produced = (self._pool.imap(_worker_train, args, chunksize=1) if self._pool is not None
                         else (guarded_train(self.ctx, *a) for a in args))
-        results, failures = [], []
-        for outcome in produced:
-            if isinstance(outcome, ClientFailure):
-                failures.append(outcome)
-                continue
-            results.append(outcome)
-            if on_result is not None:
-                on_result(outcome, len(results) + len(failures), len(jobs))
-        return results, failures
+        return collect(produced, len(jobs), on_result)
 
     def _run_cohorts(self, jobs: Sequence[tuple[ClientTask, np.ndarray]], round_index: int, states: dict[int, State]):
         """Outcomes in job order: stackable tasks trained as cohorts, the rest per client."""

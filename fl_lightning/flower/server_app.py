@@ -17,7 +17,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fl_lightning.client import ClientFailure
+from fl_lightning.client import ClientFailure, checked, collect
 from fl_lightning.flower.codec import decode_reply, encode_task, run_setting
 
 app = ServerApp()
@@ -62,24 +62,18 @@ class FlowerExecutor:
         replies = {}
         for reply in self.grid.send_and_receive(messages, timeout=self.timeout):
             replies[reply.metadata.src_node_id] = reply
-        results, failures = [], []
-        for task, _ in jobs:
-            reply = replies.get(self.node_of[task.client_id])
-            if reply is None:
-                failures.append(ClientFailure(task.client_id, f"no reply within federation.client_timeout="
-                                                               f"{self.timeout} s (disconnected or too slow)"))
-                continue
-            if reply.has_error():
-                failures.append(ClientFailure(task.client_id, f"Flower error: {reply.error.reason}"))
-                continue
-            result, reason = decode_reply(reply.content)
-            if result is None:
-                failures.append(ClientFailure(task.client_id, reason))
-                continue
-            results.append(result)
-            if on_result is not None:
-                on_result(result, len(results) + len(failures), len(jobs))
-        return results, failures
+        return collect((self._outcome(task, replies.get(self.node_of[task.client_id])) for task, _ in jobs),
+                       len(jobs), on_result)
+
+    def _outcome(self, task, reply):
+        """A reply as the in-process executor's outcome: a checked result, or the failure."""
+        if reply is None:
+            return ClientFailure(task.client_id, f"no reply within federation.client_timeout={self.timeout} s "
+                                                 f"(disconnected or too slow)")
+        if reply.has_error():
+            return ClientFailure(task.client_id, f"Flower error: {reply.error.reason}")
+        result, reason = decode_reply(reply.content)
+        return ClientFailure(task.client_id, reason) if result is None else checked(result)
 
     def close(self) -> None:
         pass
