@@ -117,25 +117,36 @@ class OptimizerConfig:
     """The clients' local optimizer, created afresh for every local fit (as in FedAvg).
 
     Attributes:
-        name: sgd | adam.
-        lr: learning rate.
+        name: sgd | adam | fim_lbfgs (FIM-L-BFGS's client-side reading: local FIM-based L-BFGS
+            steps over the client's own (s, y = F_batch s) pairs; multi-class clients only).
+        lr: learning rate (fim_lbfgs: the step size along the L-BFGS direction).
         momentum: SGD momentum.
-        weight_decay: L2 penalty.
+        weight_decay: L2 penalty (sgd, adam).
+        history: fim_lbfgs: the (s, y) pairs kept, m.
+        damping: fim_lbfgs: lambda added to the diagonal Fisher (B = F + lambda I).
+        max_step_norm: fim_lbfgs: the longest step ||lr p|| (unset: no limit).
     """
 
-    name: Literal["sgd", "adam"] = "sgd"
+    name: Literal["sgd", "adam", "fim_lbfgs"] = "sgd"
     lr: float = 0.05
     momentum: float = 0.0
     weight_decay: float = 0.0
+    history: int = 10
+    damping: float = 1e-3
+    max_step_norm: Optional[float] = None
 
 
 def check_optimizer(cfg: OptimizerConfig) -> None:
     """Values every client's optimizer would refuse, named before the run starts."""
     if not cfg.lr > 0:
         raise ValueError(f"optimizer.lr={cfg.lr} must be > 0")
-    for key in ("momentum", "weight_decay"):
+    for key in ("momentum", "weight_decay", "damping"):
         if not getattr(cfg, key) >= 0:
             raise ValueError(f"optimizer.{key}={getattr(cfg, key)} must be >= 0")
+    if cfg.history < 1:
+        raise ValueError(f"optimizer.history={cfg.history} must be >= 1")
+    if cfg.name == "fim_lbfgs" and (cfg.momentum or cfg.weight_decay):
+        raise ValueError("optimizer.name=fim_lbfgs takes no optimizer.momentum or optimizer.weight_decay")
 
 
 @dataclass

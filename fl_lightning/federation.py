@@ -36,7 +36,8 @@ _RESUMABLE_CHANGES = {"federation.rounds", "run", "trainer", "data.root", "data.
                       "data.download", "data.speech_commands_dir", "data.fsdd_dir", "federation.eval_every", "ckpt_path",
                       "federation.per_client_eval"}
 # Settings added after checkpoints were written: a checkpoint without one matches its default.
-_ADDED_SETTINGS = {"model.hidden_units": 0}
+_ADDED_SETTINGS = {"model.hidden_units": 0, "optimizer.history": 10, "optimizer.damping": 1e-3,
+                   "optimizer.max_step_norm": None}
 
 
 class Federation:

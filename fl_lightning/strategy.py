@@ -67,8 +67,14 @@ class Strategy(ABC):
     #: evaluate on the second half of the test set, the first half being public data
     uses_public_data: bool = False
 
+    #: the client optimizers (optimizer.name) its clients can train with
+    client_optimizers: tuple[str, ...] = ("sgd", "adam")
+
     def setup(self, template: nn.Module, num_classes: int, optimizer: OptimizerConfig, stacking: str,
               context: Optional[ServerContext] = None) -> None:
+        if optimizer.name not in self.client_optimizers:
+            raise ValueError(f"optimizer.name={optimizer.name} is not available for {type(self).__name__} "
+                             f"(choose {' or '.join(self.client_optimizers)})")
         self.template, self.num_classes, self.optimizer, self.stacking = template, num_classes, optimizer, stacking
         self.context = context or ServerContext()
 

@@ -1,6 +1,7 @@
 """The client-side FIM-L-BFGS optimizer (issue 18, item 4): its steps against hand-computed
 values, its per-sample Fisher against a loop, its pair history through state_dict."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -102,3 +103,75 @@ def test_logistic_regression_trained_batch_by_batch_fits_its_data():
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         FIMLBFGSOptimizer([nn.Parameter(torch.zeros(1))], **kwargs)
+
+
+# ---- wired into the clients: optimizer.name fim_lbfgs -------------------------------------
+
+def test_a_fim_lbfgs_client_fit_equals_the_optimizer_by_hand_on_the_same_batches():
+    import copy
+
+    from fl_lightning.algorithms.baselines import classifier_task
+    from fl_lightning.client import ClientContext, client_seed, train_client
+    from fl_lightning.config import FederationConfig, OptimizerConfig, TrainerConfig
+    from fl_lightning.data import ClientBatches
+
+    torch.manual_seed(0)
+    template = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(20, 4, generator=g), torch.arange(20) % 3
+    cfg = OptimizerConfig("fim_lbfgs", lr=0.5, history=3, damping=0.01)
+    ctx = ClientContext(x, y, template, FederationConfig(local_epochs=2, batch_size=8),
+                        TrainerConfig(accelerator="cpu", precision="32-true"), seed=0)
+    start = {k: v.detach().clone() for k, v in template.state_dict().items()}
+
+    result = train_client(ctx, classifier_task(0, start, cfg), np.arange(20), round_index=1)
+
+    net = copy.deepcopy(template)
+    net.load_state_dict(start)
+    opt = FIMLBFGSOptimizer(net.parameters(), lr=0.5, history=3, damping=0.01)
+    batches = ClientBatches(x, y, torch.arange(20), 8, torch.Generator().manual_seed(client_seed(0, 1, 0)))
+    steps = 0
+    for _ in range(2):
+        for xb, yb in batches:
+            fisher = batch_fisher(net, F.cross_entropy, xb, yb)
+
+            def closure():
+                opt.zero_grad()
+                loss = F.cross_entropy(net(xb), yb)
+                loss.backward()
+                return loss
+
+            opt.step(closure, fisher=fisher)
+            steps += 1
+    assert result.steps == steps == 6
+    for k, v in net.state_dict().items():
+        torch.testing.assert_close(result.params[k], v, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(result.params["1.weight"], start["1.weight"])
+
+
+def test_fedavg_with_fim_lbfgs_clients_runs_and_trains_per_client_under_the_cohort_engine(tmp_path):
+    from fl_lightning.checkpoint import load_checkpoint
+    from fl_lightning.cli import main
+    from tests.conftest import tiny_args
+
+    args = ["--algorithm", "FedAvg", "--optimizer.name", "fim_lbfgs", "--optimizer.lr", "0.1",
+            "--optimizer.max_step_norm", "1.0", "--federation.rounds", "2"]
+    per_client = main(["fit", *tiny_args(tmp_path / "a", *args, "--trainer.engine", "per_client")])
+    cohort = main(["fit", *tiny_args(tmp_path / "b", *args, "--trainer.engine", "cohort")])
+
+    losses = [m["train/loss"] for m in per_client["history"]]
+    assert all(np.isfinite(losses)) and per_client["history"][0]["train/steps"] > 0
+    assert [m["train/loss"] for m in cohort["history"]] == losses  # routed to the per-client engine
+    a = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.ckpt")["state"]
+    b = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.ckpt")["state"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("algorithm", ["FedOVA", "FedOV"])
+def test_fim_lbfgs_clients_are_refused_where_clients_are_not_multi_class(tmp_path, algorithm):
+    from fl_lightning.cli import main
+    from tests.conftest import tiny_args
+
+    with pytest.raises(ValueError, match="optimizer.name=fim_lbfgs"):
+        main(["fit", *tiny_args(tmp_path, "--algorithm", algorithm, "--optimizer.name", "fim_lbfgs")])
+    assert not (tmp_path / "partition.csv").exists()

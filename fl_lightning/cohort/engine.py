@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fl_lightning.cohort.members import CohortPlugin, Member, cohort_plugin
-from fl_lightning.cohort.optim import StackedOptimizer
+from fl_lightning.cohort.optim import STACKED_OPTIMIZERS, StackedOptimizer
 from fl_lightning.cohort.plan import BatchPlan, build_plan
 from fl_lightning.config import OptimizerConfig
 
@@ -208,7 +208,7 @@ class CohortTrainer:
         if plugin is None or any(True for _ in self.ctx.template.buffers()):
             return None  # batch norm's running statistics are not vectorised: per client
         key = plugin.stack_key(task)
-        if key is None:
+        if key is None or task.optimizer.name not in STACKED_OPTIMIZERS:
             return None
         o = task.optimizer
         return plugin, (task.kind, key, (o.name, o.lr, o.momentum, o.weight_decay))

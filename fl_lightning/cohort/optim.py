@@ -16,6 +16,7 @@ from torch import Tensor
 
 from fl_lightning.config import OptimizerConfig
 
+STACKED_OPTIMIZERS = ("sgd", "adam")  # others (fim_lbfgs) train per client
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as the per-client engine uses them
 ADAM_EPS = 1e-8
 

@@ -14,7 +14,10 @@ def build_optimizer(params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if cfg.name == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    raise ValueError(f"optimizer.name={cfg.name!r} is unknown; choose sgd or adam")
+    if cfg.name == "fim_lbfgs":
+        raise ValueError("optimizer.name=fim_lbfgs trains multi-class clients only (the FedAvg family); one-vs-all "
+                         "detectors: --algorithm FedOVAFIMLBFGS (the server-side reading)")
+    raise ValueError(f"optimizer.name={cfg.name!r} is unknown; choose sgd, adam or fim_lbfgs")
 
 
 class LocalLearner(LightningModule):

@@ -53,14 +53,48 @@ class MultiClassClassifier(LocalLearner):
             if set(linear) != names:
                 raise ValueError(f"FedDANE's linear term {sorted(set(linear) ^ names)} does not match the parameters")
         self.linear = linear
+        # FIM-L-BFGS's client-side reading: every step needs the batch's diagonal Fisher besides
+        # the closure, which Lightning's automatic optimisation cannot pass
+        self.automatic_optimization = optimizer.name != "fim_lbfgs"
 
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
+
+    def configure_optimizers(self):
+        if self.optimizer_cfg.name != "fim_lbfgs":
+            return super().configure_optimizers()
+        from fl_lightning.algorithms.fimlbfgs.optimizer import FIMLBFGSOptimizer
+
+        cfg = self.optimizer_cfg
+        return FIMLBFGSOptimizer(self.network.parameters(), lr=cfg.lr, history=cfg.history, damping=cfg.damping,
+                                 max_step_norm=cfg.max_step_norm)
 
     def training_step(self, batch, batch_idx):
         x, y = batch
         if len(x) < 2 and self._batch_norm:
             return None  # batch norm cannot normalise a lone sample: skip it, as drop_last would
+        if not self.automatic_optimization:
+            return self._fim_lbfgs_step(x, y)
+        return self.objective(x, y)
+
+    def _fim_lbfgs_step(self, x: Tensor, y: Tensor) -> Tensor:
+        """One FIM-based L-BFGS step (Algorithm 2 on the client): the diagonal empirical Fisher
+        of this batch's cross-entropy, then the two-loop direction from the closure's gradient."""
+        from fl_lightning.algorithms.fimlbfgs.optimizer import batch_fisher
+
+        optimizer = self.optimizers()
+        fisher = batch_fisher(self.network, F.cross_entropy, x, y)
+
+        def closure():
+            optimizer.zero_grad()
+            loss = self.objective(x, y)
+            self.manual_backward(loss)
+            return loss
+
+        return optimizer.step(closure=closure, fisher=fisher).detach()
+
+    def objective(self, x: Tensor, y: Tensor) -> Tensor:
+        """The local loss: cross-entropy (+ FedProx's and FedDANE's terms)."""
         loss = F.cross_entropy(self(x).float(), y)
         if self.prox_mu > 0:
             distance = sum(((p - p0.to(p.device)) ** 2).sum() for p, p0 in zip(self.network.parameters(), self._start))

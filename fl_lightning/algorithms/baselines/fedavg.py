@@ -24,6 +24,8 @@ class FedAvg(Strategy):
 
     name = "fedavg"
 
+    client_optimizers = ("sgd", "adam", "fim_lbfgs")  # fim_lbfgs: FIM-L-BFGS's client-side reading
+
     def __init__(self, weighted: bool = True) -> None:
         self.weighted = weighted
 
