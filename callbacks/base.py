@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from fl_lightning.federation import Federation
@@ -14,6 +14,10 @@ class FederatedCallback:
 
     def on_client_end(self, federation: "Federation", round_index: int, result: Any, done: int, total: int) -> None:
         """After each client's local fit of the round (``done`` of ``total``)."""
+
+    def on_clients_end(self, federation: "Federation", round_index: int, results: list) -> Optional[dict[str, Any]]:
+        """After the round's clients returned: a server step on their results (aggregation,
+        clustering) that may update ``federation.state``; returns facts to log."""
 
     def on_round_end(self, federation: "Federation", round_index: int, metrics: dict[str, Any]) -> None: ...
 

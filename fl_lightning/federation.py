@@ -137,6 +137,8 @@ class Federation:
                                 self.client_validation if self.partition.validation_fraction > 0 else None,
                                 str(self.run_dir), tuple(d.train_x.shape[1:]), d.pixel_mean, d.pixel_std)
         self.strategy.setup(self.template, d.num_classes, self.optimizer, stacking, context)
+        # the algorithm's own server steps run first after the clients return (aggregation, clustering)
+        self.callbacks = [*self.strategy.configure_callbacks(), *self.callbacks]
         init_gen = torch.Generator().manual_seed(self.seed)
         self.state = self.strategy.initial_state(init_gen)
         self.sampler = torch.Generator().manual_seed(self.seed + 1)
@@ -247,7 +249,9 @@ class Federation:
         results, second = self._run_clients(executor, jobs, round_index, lambda result, done, total: [
             cb.on_client_end(self, round_index, result, done, total) for cb in self.callbacks])
         failures += second
-        self.state, facts = self.strategy.aggregate(self.state, results)
+        facts: dict[str, Any] = {}
+        for cb in self.callbacks:  # the strategy's server steps (aggregation, clustering), then any others
+            facts.update(cb.on_clients_end(self, round_index, results) or {})
         metrics: dict[str, Any] = {
             "round": round_index,
             "train/loss": float(np.mean([r.train_loss for r in results])) if results else float("nan"),

@@ -78,6 +78,14 @@ class Strategy(ABC):
         self.template, self.num_classes, self.optimizer, self.stacking = template, num_classes, optimizer, stacking
         self.context = context or ServerContext()
 
+    def configure_callbacks(self) -> list:
+        """The server-side steps this algorithm runs after its clients return, as federated
+        callbacks (as a LightningModule's ``configure_callbacks``): by default the aggregation
+        (callbacks/aggregation.py, which calls ``aggregate``)."""
+        from callbacks.aggregation import Aggregation
+
+        return [Aggregation()]
+
     def num_outputs(self, num_classes: int) -> int:
         """Output size of the architecture the clients train."""
         return num_classes

@@ -200,3 +200,38 @@ def test_configs_saved_before_the_algorithms_moved_still_build_and_resume(tmp_pa
     assert _config_differences({"algorithm": saved["algorithm"]}, now) == []
     other = {"algorithm": {"class_path": "fl_lightning.algorithms.FedAvg", "init_args": {"weighted": False}}}
     assert _config_differences({"algorithm": saved["algorithm"]}, other)  # another algorithm is still refused
+
+
+def test_the_server_steps_after_the_clients_are_the_strategys_callbacks(tmp_path):
+    """Aggregation runs as a callback the strategy configures (callbacks/aggregation.py), not
+    as a call in the loop: a strategy that configures none keeps its initial state, and one
+    that adds a callback sees every round's results."""
+    import torch
+
+    from callbacks.base import FederatedCallback
+    from fl_lightning.algorithms import FedAvg
+    from fl_lightning.settings import build_federation
+    from tests.conftest import tiny_args
+
+    seen = []
+
+    class Spy(FederatedCallback):
+        def on_clients_end(self, federation, round_index, results):
+            seen.append((round_index, sorted(r.client_id for r in results)))
+            return {"spy/clients": len(results)}
+
+    class NoAggregation(FedAvg):
+        def configure_callbacks(self):
+            return [Spy()]
+
+    args = tiny_args(tmp_path, "--algorithm", "FedAvg", "--federation.rounds", "2")
+    federation = build_federation(["fit", *args], callbacks=[])[2]
+    federation.strategy = NoAggregation()
+    federation.setup()
+    start = {k: v.clone() for k, v in federation.state.items()}
+
+    summary = federation.fit()
+
+    assert all(torch.equal(federation.state[k], start[k]) for k in start)
+    assert [r for r, _ in seen] == [1, 2] and all(len(ids) == 3 for _, ids in seen)
+    assert [m["spy/clients"] for m in summary["history"]] == [3, 3]

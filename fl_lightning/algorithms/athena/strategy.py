@@ -177,13 +177,21 @@ class AthenaFL(Strategy):
         mask = (state[DET_CLUSTER] == g) & self._active(state) & torch.isin(state[DET_CLASS], torch.tensor(classes))
         return torch.nonzero(mask).flatten().tolist()
 
+    def configure_callbacks(self) -> list:
+        """Aggregation, then Step 3 after the probe round (callbacks/clustering.py)."""
+        from callbacks.clustering import ClientClustering
+
+        return [*super().configure_callbacks(), ClientClustering()]
+
     def aggregate(self, state: State, results: list[ClientResult]) -> tuple[State, dict[str, Any]]:
+        """Step 4's averaging within each cluster. The probe round has nothing to average: its
+        vectors are clustered next (``cluster``, by the ClientClustering callback)."""
         if not self.clustered(state):
-            return self._cluster(state, results)
+            return state, {}
         return self._train_detectors(state, results)
 
     # ---- Step 3: clustering ------------------------------------------------------------
-    def _cluster(self, state: State, results: list[ClientResult]) -> tuple[State, dict[str, Any]]:
+    def cluster(self, state: State, results: list[ClientResult]) -> tuple[State, dict[str, Any]]:
         if len(results) < 2:
             raise ValueError(f"ATHENA-FL's clustering needs at least 2 clients with data, got {len(results)}")
         results = sorted(results, key=lambda r: r.client_id)
