@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from fl_lightning.config import FederationConfig, TrainerConfig
 from fl_lightning.messages import ClientResult, ClientTask, State
-from fl_lightning.plugins import client_plugin, upload_only
+from fl_lightning.plugins import client_plugin
 
 
 @dataclass
@@ -193,10 +193,21 @@ def guarded_train(ctx: ClientContext, task: ClientTask, indices: np.ndarray, rou
     """``train_client``, with any exception (or non-finite output) turned into a
     ``ClientFailure``: one broken client must not end the round for the others."""
     try:
-        result = train_client(ctx, task, indices, round_index, client_state)
+        result = uploaded(task, train_client(ctx, task, indices, round_index, client_state))
     except Exception as error:  # noqa: BLE001 - any client-side error drops that client only
         return ClientFailure(task.client_id, f"{type(error).__name__}: {error}")
     return checked(result)
+
+
+def uploaded(task: ClientTask, result: ClientResult) -> ClientResult:
+    """Only the parameters the task asks back (``task.upload``; None: all), whatever plug-in
+    trained it."""
+    if task.upload is not None:
+        missing = set(task.upload) - set(result.params)
+        if missing:
+            raise ValueError(f"client {task.client_id}: asked to upload unknown parameters {sorted(missing)}")
+        result.params = {name: result.params[name] for name in task.upload}
+    return result
 
 
 def checked(result: ClientResult):
@@ -323,8 +334,10 @@ class ClientExecutor:
                 trained = [ClientFailure(task.client_id, f"{type(error).__name__}: {error}") for task, _ in entries]
             for position, (task, _), outcome in zip(positions, entries, trained):
                 if isinstance(outcome, ClientResult):
-                    outcome.params = upload_only(task, outcome.params)
-                    outcome = checked(outcome)
+                    try:
+                        outcome = checked(uploaded(task, outcome))
+                    except ValueError as error:
+                        outcome = ClientFailure(task.client_id, f"{type(error).__name__}: {error}")
                 outcomes[position] = outcome
         return [outcomes[p] for p in range(len(jobs))]
 

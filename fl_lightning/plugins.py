@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import torch
 
 from fl_lightning.config import FederationConfig
-from fl_lightning.messages import ClientResult, ClientTask, State, prefixed, with_prefix  # noqa: F401  (re-exported)
+from fl_lightning.messages import ClientResult, ClientTask, State
 
 if TYPE_CHECKING:  # the executor's context; imported lazily to keep the loop below the plug-ins
     from fl_lightning.client import ClientContext
+    from fl_lightning.cohort.members import CohortPlugin
 
 #: packages whose import registers the shipped plug-ins (looked up on first use, so that a
 #: worker process or a Flower SuperNode finds them without importing any strategy)
@@ -30,7 +31,10 @@ _PLUGINS: dict[str, "ClientPlugin"] = {}
 
 class ClientPlugin(ABC):
     """The client side of one task kind. The default ``train`` is FedAvg's ClientUpdate shape:
-    build a module, fit it on the client's batches for E local epochs, read the result."""
+    build a module, fit it on the client's batches for E local epochs, read the result.
+    ``cohort``: how its tasks' members stack in the cohort engine (None: per client only)."""
+
+    cohort: Optional["CohortPlugin"] = None
 
     def local_epochs(self, task: ClientTask, federation: FederationConfig) -> int:
         return task.epochs if task.epochs is not None else federation.local_epochs
@@ -67,13 +71,3 @@ def client_plugin(kind: str) -> ClientPlugin:
     if kind not in _PLUGINS:
         raise ValueError(f"no client plug-in for task kind {kind!r} (registered: {sorted(_PLUGINS)})")
     return _PLUGINS[kind]
-
-
-def upload_only(task: ClientTask, params: State) -> State:
-    """The parameters the task asks back (``task.upload``; None: all)."""
-    if task.upload is None:
-        return params
-    missing = set(task.upload) - set(params)
-    if missing:
-        raise ValueError(f"client {task.client_id}: asked to upload unknown parameters {sorted(missing)}")
-    return {name: params[name] for name in task.upload}

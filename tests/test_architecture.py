@@ -52,7 +52,7 @@ def test_models_import_no_lightning_or_loop():
 
 
 def test_the_cohort_engine_imports_no_algorithm():
-    # the engine knows plug-ins only through fl_lightning.cohort.members' registry
+    # the engine finds a kind's cohort plug-in through its client plug-in (fl_lightning.plugins)
     assert violations(python_files(PACKAGE / "cohort"), ("fl_lightning.modules", "fl_lightning.algorithms",
                                                           "fl_lightning.aggregation")) == []
 

@@ -19,7 +19,7 @@ from fl_lightning.client import ClientContext, train_client
 from fl_lightning.config import FederationConfig, OptimizerConfig, TrainerConfig
 from fl_lightning.federation import sample_clients
 from fl_lightning.algorithms.baselines.classifier import CONTROL, ClassifierClient, classifier_task
-from fl_lightning.plugins import with_prefix
+from fl_lightning.messages import with_prefix
 from fl_lightning.strategies import SCAFFOLD, ClientResult, FedAvg, FedNova, ServerContext
 from tests.conftest import tiny_args
 

@@ -16,7 +16,7 @@ from fl_lightning.config import FederationConfig, OptimizerConfig, TrainerConfig
 from fl_lightning.algorithms.fimlbfgs.lbfgs import diagonal_fisher, push_pair, two_loop_direction
 from fl_lightning.algorithms.fimlbfgs import CurvatureProbe
 from fl_lightning.algorithms.fimlbfgs.curvature import FISHER, curvature_task
-from fl_lightning.plugins import with_prefix
+from fl_lightning.messages import with_prefix
 from fl_lightning.strategies import FIMLBFGS, ClientResult, FedOVAFIMLBFGS, ServerContext
 from tests.conftest import tiny_args
 

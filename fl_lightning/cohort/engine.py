@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fl_lightning.cohort.members import CohortPlugin, Member, cohort_plugin
+from fl_lightning.cohort.members import CohortPlugin, Member
 from fl_lightning.cohort.optim import STACKED_OPTIMIZERS, StackedOptimizer
 from fl_lightning.cohort.plan import BatchPlan, build_plan
 from fl_lightning.config import OptimizerConfig
@@ -156,15 +156,14 @@ class CohortRunner:
         return [s / max(self.plan.last_epoch_batches[k], 1) for s, k in zip(sums, streams)]
 
 
-def _one_batch():
-    class OneBatch:  # the Trainer's "dataloader": one batch, the round's whole plan
-        def __iter__(self):
-            yield torch.zeros(1)
+class _OneBatch:
+    """The Trainer's "dataloader": one batch, the round's whole plan."""
 
-        def __len__(self) -> int:
-            return 1
+    def __iter__(self):
+        yield torch.zeros(1)
 
-    return OneBatch()
+    def __len__(self) -> int:
+        return 1
 
 
 def cohort_module(runner: CohortRunner):
@@ -204,7 +203,9 @@ class CohortTrainer:
         self._runners: dict[tuple, CohortRunner] = {}
 
     def plugin_for(self, task) -> Optional[tuple[CohortPlugin, tuple]]:
-        plugin = cohort_plugin(task.kind)
+        from fl_lightning.plugins import client_plugin
+
+        plugin = client_plugin(task.kind).cohort
         if plugin is None or any(True for _ in self.ctx.template.buffers()):
             return None  # batch norm's running statistics are not vectorised: per client
         key = plugin.stack_key(task)
@@ -239,7 +240,7 @@ class CohortTrainer:
             while len(self._runners) > self.MAX_GRAPHS:
                 self._runners.pop(next(iter(self._runners)))
         trainer = self.make_trainer(self.ctx, 1)
-        trainer.fit(cohort_module(runner), train_dataloaders=_one_batch())
+        trainer.fit(cohort_module(runner), train_dataloaders=_OneBatch())
         params = runner.member_params()
         losses = runner.member_losses(streams)
         results, start = [], 0

@@ -1,4 +1,4 @@
-"""How a client task joins a cohort: the plug-in protocol and its registry.
+"""How a client task joins a cohort: the plug-in protocol (a client plug-in's ``cohort``).
 
 A client plug-in (one per task kind, defined next to the LightningModule that trains that
 kind alone) says which tasks stack together, splits a task into members (one model each,
@@ -62,15 +62,3 @@ class CohortPlugin(ABC):
     def result(self, task: ClientTask, params: list[dict[str, Tensor]], losses: list[float], steps: int,
                num_samples: int, client_state: dict[str, Tensor]) -> ClientResult:
         """The client's result from its members' final parameters and last-epoch mean losses."""
-
-
-_PLUGINS: dict[str, CohortPlugin] = {}
-
-
-def register_cohort_plugin(kind: str, plugin: CohortPlugin) -> None:
-    _PLUGINS[kind] = plugin
-
-
-def cohort_plugin(kind: str) -> Optional[CohortPlugin]:
-    """The plug-in of a task kind, None when that kind trains per client only."""
-    return _PLUGINS.get(kind)

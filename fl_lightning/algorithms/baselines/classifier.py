@@ -9,11 +9,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fl_lightning.aggregation import scaffold_client_delta
-from fl_lightning.cohort.members import CohortPlugin, Member, register_cohort_plugin, weighted_mean
+from fl_lightning.cohort.members import CohortPlugin, Member, weighted_mean
 from fl_lightning.config import OptimizerConfig
-from fl_lightning.messages import ClientResult, ClientTask, task_settings
+from fl_lightning.messages import ClientResult, ClientTask, prefixed, task_settings, with_prefix
 from fl_lightning.modules.learner import LocalLearner
-from fl_lightning.plugins import ClientPlugin, prefixed, register_client_plugin, upload_only, with_prefix
+from fl_lightning.plugins import ClientPlugin, register_client_plugin
 
 
 class MultiClassClassifier(LocalLearner):
@@ -210,11 +210,9 @@ class ClassifierClient(ClientPlugin):
     def result(self, task, module, num_samples, steps, loss, client_state):
         params = module.flat_state()
         payload, kept = scaffold_client_state(task, client_state, params, steps)
-        return ClientResult(task.client_id, upload_only(task, params), num_samples, task.classes, loss, steps,
-                            payload, kept)
+        return ClientResult(task.client_id, params, num_samples, task.classes, loss, steps, payload, kept)
 
 
-register_client_plugin("classifier", ClassifierClient())
 
 
 class ClassifierCohort(CohortPlugin):
@@ -258,4 +256,5 @@ class ClassifierCohort(CohortPlugin):
         return ClientResult(task.client_id, state, num_samples, task.classes, losses[0], steps, payload, kept)
 
 
-register_cohort_plugin("classifier", ClassifierCohort())
+ClassifierClient.cohort = ClassifierCohort()
+register_client_plugin("classifier", ClassifierClient())

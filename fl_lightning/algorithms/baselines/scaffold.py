@@ -18,7 +18,7 @@ from torch import Tensor
 from fl_lightning.aggregation import fedavg, scaffold_server_control
 from fl_lightning.config import OptimizerConfig
 from fl_lightning.algorithms.baselines.classifier import CONTROL, classifier_task
-from fl_lightning.plugins import prefixed
+from fl_lightning.messages import prefixed
 from fl_lightning.strategy import ClientResult, ClientTask, ServerContext, State
 from fl_lightning.algorithms.baselines.fedavg import FedAvg
 from fl_lightning.algorithms.baselines.fednova import require_sgd

@@ -8,12 +8,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fl_lightning.cohort.members import CohortPlugin, Member, register_cohort_plugin, weighted_mean
+from fl_lightning.cohort.members import CohortPlugin, Member, weighted_mean
 from fl_lightning.config import OptimizerConfig
 from fl_lightning.modules.learner import LocalLearner
 from fl_lightning.modules.stacking import StackedModel
 from fl_lightning.messages import ClientResult, ClientTask, task_settings
-from fl_lightning.plugins import ClientPlugin, register_client_plugin, upload_only
+from fl_lightning.plugins import ClientPlugin, register_client_plugin
 
 
 class BinaryDetector(LocalLearner):
@@ -64,11 +64,9 @@ class DetectorClient(ClientPlugin):
                               stacking=task.settings.get("stacking", "loop"))
 
     def result(self, task, module, num_samples, steps, loss, client_state):
-        return ClientResult(task.client_id, upload_only(task, module.stacked_state()), num_samples, task.classes, loss,
-                            steps)
+        return ClientResult(task.client_id, module.stacked_state(), num_samples, task.classes, loss, steps)
 
 
-register_client_plugin("detectors", DetectorClient())
 
 
 class DetectorCohort(CohortPlugin):
@@ -96,4 +94,5 @@ class DetectorCohort(CohortPlugin):
         return ClientResult(task.client_id, stacked, num_samples, task.classes, float(sum(losses)), steps)
 
 
-register_cohort_plugin("detectors", DetectorCohort())
+DetectorClient.cohort = DetectorCohort()
+register_client_plugin("detectors", DetectorClient())

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from torch.func import functional_call, grad, grad_and_value, vmap
-from fl_lightning.messages import ClientResult, ClientTask
-from fl_lightning.plugins import ClientPlugin, register_client_plugin, with_prefix
+from fl_lightning.messages import ClientResult, ClientTask, with_prefix
+from fl_lightning.plugins import ClientPlugin, register_client_plugin
 
 
 class CurvatureProbe(LightningModule):

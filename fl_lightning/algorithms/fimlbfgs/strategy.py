@@ -31,7 +31,7 @@ from torch import Tensor
 from fl_lightning.config import OptimizerConfig
 from fl_lightning.algorithms.fimlbfgs.lbfgs import CURVATURE_EPS, push_pair, two_loop_direction
 from fl_lightning.algorithms.fimlbfgs.curvature import FISHER, curvature_task
-from fl_lightning.plugins import prefixed
+from fl_lightning.messages import prefixed
 from fl_lightning.strategy import ClientResult, ClientTask, ServerContext, State, Strategy
 from fl_lightning.algorithms.baselines.fedavg import FedAvg
 from fl_lightning.algorithms.fedova.strategy import FedOVA
