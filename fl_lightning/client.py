@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
@@ -32,19 +33,20 @@ class ClientTimeout(RuntimeError):
     pass
 
 
+def _clock() -> float:
+    """The deadline's clock (a module function, so a test can drive it)."""
+    return time.monotonic()
+
+
 class _Deadline:
     """Lightning callback: stops a client fit that runs past its time budget (checked after
     every batch, so a slow client is dropped, not waited for)."""
 
     def __init__(self, seconds: float) -> None:
-        import time
-
-        self.seconds, self.start = seconds, time.monotonic()
+        self.seconds, self.start = seconds, _clock()
 
     def check(self) -> None:
-        import time
-
-        if time.monotonic() - self.start > self.seconds:
+        if _clock() - self.start > self.seconds:
             raise ClientTimeout(f"local training ran past federation.client_timeout={self.seconds:g} s")
 
 
