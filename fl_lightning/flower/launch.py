@@ -26,13 +26,15 @@ APP_DIR = ROOT / "deploy" / "flower"
 class LocalFederation:
     """A SuperLink and N SuperNodes on localhost, as subprocesses (a context manager)."""
 
-    def __init__(self, clients: int, port: int = 19091, workdir: Optional[str] = None, threads: int = 1) -> None:
-        self.clients, self.port, self.threads = clients, port, threads
+    def __init__(self, clients: int, port: int = 19091, workdir: Optional[str] = None, threads: int = 1,
+                 warm: bool = True) -> None:
+        self.clients, self.port, self.threads, self.warm = clients, port, threads, warm
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fl_lightning_flower_")).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.home = self.workdir / "flwr_home"
         self.superlink: Optional[subprocess.Popen] = None
         self.supernodes: list[subprocess.Popen] = []
+        self.superexecs: list[subprocess.Popen] = []  # warm: one per SuperNode
 
     def env(self) -> dict:
         env = dict(os.environ, FLWR_HOME=str(self.home), OMP_NUM_THREADS=str(self.threads),
@@ -52,13 +54,26 @@ class LocalFederation:
             f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
         bin_dir = Path(sys.executable).parent
         self.superlink = self._spawn("superlink", [str(bin_dir / "flower-superlink"), "--insecure",
-                                                   "--host", "127.0.0.1", "--port", str(self.port)])
+                                                   "--host", "127.0.0.1", "--port", str(self.port),
+                                                   *(["--isolation", "process"] if self.warm else [])])
+        if self.warm:
+            self.superexecs.append(self._warm_superexec("superexec_superlink", self.port, self.superlink))
         self._wait_for_superlink(timeout=120)
         for k in range(self.clients):
+            runtime_port = self.port + 10 + k
             self.supernodes.append(self._spawn(f"supernode{k}", [
                 str(bin_dir / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.port}",
-                "--port", str(self.port + 10 + k), "--node-config", f"partition-id={k}"]))
+                "--port", str(runtime_port), "--node-config", f"partition-id={k}",
+                *(["--isolation", "process"] if self.warm else [])]))
+            if self.warm:
+                self.superexecs.append(self._warm_superexec(f"superexec{k}", runtime_port, self.supernodes[-1]))
         return self
+
+    def _warm_superexec(self, name: str, runtime_port: int, owner: subprocess.Popen) -> subprocess.Popen:
+        """Our SuperExec beside a SuperLink or SuperNode started with ``--isolation process``:
+        its app processes are forked from a zygote that imported torch and Lightning once."""
+        return self._spawn(name, [sys.executable, "-m", "fl_lightning.flower.warm_superexec", "--insecure",
+                                  "--runtime-api-address", f"127.0.0.1:{runtime_port}", "--parent-pid", str(owner.pid)])
 
     def _wait_for_superlink(self, timeout: float) -> None:
         """Until the SuperLink accepts connections (``flwr run`` before that fails at once)."""
@@ -91,17 +106,18 @@ class LocalFederation:
 
     def kill_client(self, k: int) -> None:
         """SIGKILL SuperNode k and everything it started (a client machine going away)."""
-        os.killpg(self.supernodes[k].pid, signal.SIGKILL)
+        for proc in [self.supernodes[k], *self.superexecs[k + 1:k + 2]]:  # [0] is the SuperLink's
+            os.killpg(proc.pid, signal.SIGKILL)
 
     def stop(self) -> None:
-        for proc in [*self.supernodes, self.superlink]:
+        for proc in [*self.superexecs, *self.supernodes, self.superlink]:
             if proc is not None and proc.poll() is None:
                 try:
                     os.killpg(proc.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
         deadline = time.monotonic() + 10
-        for proc in [*self.supernodes, self.superlink]:
+        for proc in [*self.superexecs, *self.supernodes, self.superlink]:
             if proc is not None:
                 try:
                     proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -123,6 +139,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--port", type=int, default=19091, help="SuperLink port; SuperNodes use port+10+k")
     parser.add_argument("--workdir", default=None, help="logs and FLWR_HOME (default: a new temporary folder)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per client process")
+    parser.add_argument("--cold", action="store_true",
+                        help="Flower's own SuperExec: every ClientApp process imports torch and Lightning afresh "
+                             "(default: forked from a warm zygote, fl_lightning.flower.warm_superexec)")
     args = parser.parse_args(argv)
     if shutil.which("flwr", path=str(Path(sys.executable).parent)) is None:
         parser.error("flwr is not installed in this environment: pip install 'flwr[simulation]==1.42.0'")
@@ -135,7 +154,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error(f"--clients {args.clients} but the config's partition.num_clients is "
                      f"{planned.partition.num_clients}: one SuperNode per client")
     summary = Path(planned.run_dir).resolve() / "summary.json"
-    with LocalFederation(args.clients, args.port, args.workdir, args.threads) as federation:
+    with LocalFederation(args.clients, args.port, args.workdir, args.threads, warm=not args.cold) as federation:
         print(f"SuperLink on 127.0.0.1:{args.port}, {args.clients} SuperNodes; logs in {federation.workdir}", flush=True)
         started = time.time()
         code = federation.run(args.config, args.overrides)

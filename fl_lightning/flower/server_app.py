@@ -21,6 +21,23 @@ from fl_lightning.client import ClientFailure, checked, collect
 from fl_lightning.flower.codec import decode_reply, encode_task, run_setting
 
 app = ServerApp()
+POLL_S = 0.2  # how often replies are pulled (Flower's send_and_receive waits 3 s between pulls)
+
+
+def exchange(grid: Grid, messages: list, timeout: Optional[float]) -> list:
+    """``grid.send_and_receive`` with a short poll: a round ends as soon as its last reply
+    is in, not up to 3 s later."""
+    pending = set(grid.push_messages(messages))
+    end = None if timeout is None else time.monotonic() + timeout
+    replies: list = []
+    while pending:
+        got = list(grid.pull_messages(pending))
+        replies += got
+        pending -= {m.metadata.reply_to_message_id for m in got}
+        if not pending or (end is not None and time.monotonic() >= end):
+            break
+        time.sleep(POLL_S)
+    return replies
 
 
 class FlowerExecutor:
@@ -37,9 +54,8 @@ class FlowerExecutor:
                                    f"SuperNodes connected within {wait_s:g} s")
             time.sleep(0.2)
         nodes = sorted(grid.get_node_ids())
-        replies = grid.send_and_receive([Message(content=RecordDict({"ask": ConfigRecord({"what": "describe"})}),
-                                                 message_type=MessageType.QUERY, dst_node_id=n) for n in nodes],
-                                        timeout=wait_s)
+        replies = exchange(grid, [Message(content=RecordDict({"ask": ConfigRecord({"what": "describe"})}),
+                                          message_type=MessageType.QUERY, dst_node_id=n) for n in nodes], wait_s)
         self.node_of: dict[int, int] = {}
         self.label_counts: dict[int, np.ndarray] = {}
         for reply in replies:
@@ -60,7 +76,7 @@ class FlowerExecutor:
         messages = [Message(content=encode_task(task, round_index), message_type=MessageType.TRAIN,
                             dst_node_id=self.node_of[task.client_id]) for task, _ in jobs]
         replies = {}
-        for reply in self.grid.send_and_receive(messages, timeout=self.timeout):
+        for reply in exchange(self.grid, messages, self.timeout):
             replies[reply.metadata.src_node_id] = reply
         return collect((self._outcome(task, replies.get(self.node_of[task.client_id])) for task, _ in jobs),
                        len(jobs), on_result)
