@@ -188,3 +188,39 @@ def test_every_algorithm_on_flower_equals_in_process(tmp_path):
             assert a[k].dtype == b[k].dtype and torch.equal(a[k].isnan() if a[k].is_floating_point() else a[k],
                                                             b[k].isnan() if b[k].is_floating_point() else b[k]), (name, k)
             assert torch.equal(torch.nan_to_num(a[k]), torch.nan_to_num(b[k])), (name, k)
+
+
+def test_the_warm_superexec_forwards_app_launches_to_its_zygote_and_others_to_flower():
+    """ClientApp and ServerApp launches go to the zygote as length-prefixed JSON (what it
+    needs to run Flower's run_clientapp / run_serverapp); any other task type is started
+    as Flower's SubprocessExecutor starts it."""
+    import os
+    import struct
+
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.superexec.executor.types import ExecutionSpec, LaunchResult
+
+    from fl_lightning.flower.warm_superexec import ForkExecutor
+
+    read_fd, write_fd = os.pipe()
+    executor = ForkExecutor(write_fd)
+    started = []
+    executor.fallback.launch = lambda spec: started.append(spec.task_type) or LaunchResult.accepted()
+
+    def spec(task_type, token):
+        return ExecutionSpec(task_type=task_type, runtime_api_address="127.0.0.1:9094", token=token, insecure=True,
+                             root_certificates_path=None, runtime_dependency_install=False, parent_pid=42,
+                             suppress_output=False, task_id=7)
+
+    for task_type, token in ((TaskType.CLIENT_APP, "ab"), (TaskType.SERVER_APP, "cd"), (TaskType.SIMULATION, "ef")):
+        assert executor.launch(spec(task_type, token)).status == "accepted"
+    os.close(write_fd)
+    requests = []
+    with os.fdopen(read_fd, "rb") as pipe:
+        while header := pipe.read(4):
+            requests.append(json.loads(pipe.read(struct.unpack("!I", header)[0])))
+    common = {"runtime_api_address": "127.0.0.1:9094", "insecure": True, "root_certificates_path": None,
+              "parent_pid": 42, "runtime_dependency_install": False}
+    assert requests == [{"task_type": "clientapp", "token": "ab", **common},
+                        {"task_type": "serverapp", "token": "cd", **common}]
+    assert started == [TaskType.SIMULATION]
