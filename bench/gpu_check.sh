@@ -3,7 +3,8 @@
 # W1 (FedOVA) and W3 (FedAvg) with the cohort engine (CUDA graph bf16 and fp32, eager), the
 # per-client engine and the plain loop; W2 (K=1000) chunked; the README's main job (100
 # FedOVA rounds); the equivalence of the engines on the GPU. One JSON per run in $RESULTS.
-# FedOV one-shot has no cohort plug-in yet (it trains per client): not measured here.
+# FedOV one-shot (10 clients, #C=1): the cohort engine at 200 local epochs (target <= 2 min) and
+# both engines at 2 local epochs side by side.
 # Data: Fashion-MNIST's *-ubyte.gz in $GZ (default /usr/share/datasets/fashion-mnist).
 set -u
 GZ=${GZ:-/usr/share/datasets/fashion-mnist}; BASE_ROUNDS=${BASE_ROUNDS:-2}; RESULTS=${RESULTS:-bench/results/gpu}; ONLY=${ONLY:-.}
@@ -29,3 +30,6 @@ bench W1_plain 120 W1 plain $BASE_ROUNDS
 bench W3_per_client 90 W3 per_client $BASE_ROUNDS
 bench W3_plain 90 W3 plain $BASE_ROUNDS
 bench W1_cohort_eager 90 W1 cohort_eager 3
+bench FEDOV_E2_cohort 150 FEDOV cohort 1 --federation.local_epochs 2
+bench FEDOV_E2_per_client 200 FEDOV per_client 1 --federation.local_epochs 2
+bench FEDOV_E200_cohort 300 FEDOV cohort 1

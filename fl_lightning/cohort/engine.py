@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fl_lightning.cohort.members import CohortPlugin, Member
+from fl_lightning.cohort.members import CohortPlugin, Member, StepStreams
 from fl_lightning.cohort.optim import STACKED_OPTIMIZERS, StackedOptimizer
 from fl_lightning.cohort.plan import BatchPlan, build_plan
 from fl_lightning.config import OptimizerConfig
@@ -38,9 +38,11 @@ class CohortRunner:
     WARMUP_STEPS = 3  # eager steps on a side stream before capture (cuDNN/cuBLAS set-up)
 
     def __init__(self, template: nn.Module, plugin: CohortPlugin, members: list[Member], plan: BatchPlan,
-                 x: Tensor, y: Tensor, optimizer: OptimizerConfig, use_graph: bool) -> None:
+                 x: Tensor, y: Tensor, optimizer: OptimizerConfig, use_graph: bool,
+                 streams: Optional[StepStreams] = None) -> None:
         device = x.device
-        self.x, self.y, self.plugin = x, y, plugin
+        self.x, self.y, self.plugin, self.streams = x, y, plugin, streams
+        self.input_names: list[str] = []
         self.names = list(members[0].params)
         self.const_names = list(members[0].consts)
         self.params = _stack([m.params for m in members], device)
@@ -52,15 +54,22 @@ class CohortRunner:
         self.optimizer = StackedOptimizer(optimizer, self.params)
         self.counter = torch.zeros(1, dtype=torch.long, device=device)
         self.loss_sum = torch.zeros(len(members), device=device)
-        self.use_graph = use_graph and device.type == "cuda"
+        self.use_graph = use_graph and device.type == "cuda" and streams is None  # host draws every step
         self.graph: Optional[torch.cuda.CUDAGraph] = None
         meta = copy.deepcopy(template).to("meta")  # lends its forward code; its own tensors cost nothing
 
-        def forward(params: dict[str, Tensor], inputs: Tensor) -> Tensor:
-            return functional_call(meta, params, (inputs,))
+        def forward(params: dict[str, Tensor], inputs: Tensor, part: str = "") -> Tensor:
+            if not part:
+                return functional_call(meta, params, (inputs,))
+            prefix = part + "."
+            own = {n[len(prefix):]: t for n, t in params.items() if n.startswith(prefix)}
+            return functional_call(meta.get_submodule(part), own, (inputs,))
 
-        def member_loss(params, consts, xb, yb, wb):
-            return plugin.loss(forward, dict(zip(self.names, params)), dict(zip(self.const_names, consts)), xb, yb, wb)
+        static = streams.static if streams is not None else {}
+
+        def member_loss(params, consts, xb, yb, wb, inputs):
+            return plugin.loss(forward, dict(zip(self.names, params)), dict(zip(self.const_names, consts)), xb, yb, wb,
+                               **static, **dict(zip(self.input_names, inputs)))
 
         self.grad_fn = vmap(grad_and_value(member_loss))
 
@@ -106,7 +115,10 @@ class CohortRunner:
         weight = self.plan.weight.index_select(0, s).squeeze(0)
         active = self.plan.active.index_select(0, s).squeeze(0)
         last = self.plan.last_epoch.index_select(0, s).squeeze(0)
-        grads, losses = self.grad_fn(tuple(self.params), tuple(self.consts), self.x[index], self.y[index], weight)
+        xb, yb = self.x[index], self.y[index]
+        inputs = self.streams.inputs(xb, yb, weight, active) if self.streams is not None else {}
+        self.input_names = list(inputs)
+        grads, losses = self.grad_fn(tuple(self.params), tuple(self.consts), xb, yb, weight, tuple(inputs.values()))
         if self.offsets is not None:
             grads = [g + o for g, o in zip(grads, self.offsets)]
         self.optimizer.step(self.params, [g.float() for g in grads], active)
@@ -218,23 +230,24 @@ class CohortTrainer:
               epochs: Sequence[int], client_states: Sequence[dict]) -> list:
         """``entries``: (task, local indices), ``client_states`` what each client kept; the
         results in the same order."""
-        members, streams = [], []
+        members, member_entry = [], []  # member_entry[m]: the entry whose client member m trains on
         for k, (task, _) in enumerate(entries):
             own = plugin.members(task, client_states[k])
             members += own
-            streams += [k] * len(own)
+            member_entry += [k] * len(own)
         plan = build_plan([torch.from_numpy(np.asarray(idx)) for _, idx in entries], seeds,
                           self.ctx.federation.batch_size, epochs)
-        member_plan = BatchPlan(plan.index[:, streams], plan.weight[:, streams], plan.active[:, streams],
-                                plan.last_epoch[:, streams], plan.steps, plan.last_epoch_batches)
+        member_plan = BatchPlan(plan.index[:, member_entry], plan.weight[:, member_entry], plan.active[:, member_entry],
+                                plan.last_epoch[:, member_entry], plan.steps, plan.last_epoch_batches)
         optimizer = entries[0][0].optimizer
+        streams = plugin.step_streams(self.ctx, [task for task, _ in entries], list(seeds), member_entry)
         key = (id(plugin), CohortRunner.shape_key(members, member_plan, optimizer))
-        runner = self._runners.pop(key, None)
+        runner = self._runners.pop(key, None) if streams is None else None
         if runner is not None and runner.fits(member_plan):
             runner.load(members, member_plan)
         else:
             runner = CohortRunner(self.ctx.template, plugin, members, member_plan, self.ctx.x, self.ctx.y, optimizer,
-                                  self.ctx.trainer.cuda_graph)
+                                  self.ctx.trainer.cuda_graph, streams)
         if runner.use_graph:  # a graph is worth keeping (most recently used last); an eager runner is cheap
             self._runners[key] = runner
             while len(self._runners) > self.MAX_GRAPHS:
@@ -242,10 +255,10 @@ class CohortTrainer:
         trainer = self.make_trainer(self.ctx, 1)
         trainer.fit(cohort_module(runner), train_dataloaders=_OneBatch())
         params = runner.member_params()
-        losses = runner.member_losses(streams)
+        losses = runner.member_losses(member_entry)
         results, start = [], 0
         for k, (task, idx) in enumerate(entries):
-            count = streams.count(k)
+            count = member_entry.count(k)
             results.append(plugin.result(task, params[start:start + count], losses[start:start + count],
                                          plan.steps[k], len(idx), client_states[k]))
             start += count

@@ -119,7 +119,8 @@ class OpenSetDetector(LocalLearner):
         if "mixup" not in skip:
             # Embeddings of pairs from different classes, interpolated, are "unknown"; pairs
             # of one class are skipped (the reference code's ignore_index).
-            pair = torch.randperm(len(y), device=y.device)
+            # drawn on the CPU on any device: the same pairs on a GPU, and in the cohort engine
+            pair = torch.randperm(len(y)).to(y.device)
             different = y != y[pair]
             lam = torch.distributions.Beta(self.loss.mixup_alpha, self.loss.mixup_alpha).sample().item()
             if bool(different.any()):
