@@ -1,4 +1,6 @@
 """``python -m fl_lightning report RUN_DIR... [--out reports/NAME] [--evaluate-checkpoints]``
+(or ``report --reproduction CELLS_YAML [--readme README.md]``: the paper-cell table of
+fl_lightning/reproduction.py)
 
 One table row per run directory (``summary.json``, or only ``checkpoints/last.ckpt`` of an
 unfinished run) written as ``NAME.md`` and ``NAME.csv``, and four PNG figures beside them:
@@ -531,17 +533,33 @@ def build_report_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fl_lightning report", allow_abbrev=False,
         description="Tabulate and plot finished or interrupted runs: OUT.md, OUT.csv and OUT_*.png.")
-    parser.add_argument("run_dirs", nargs="+", help="run directories (summary.json or checkpoints/last.ckpt), or "
+    parser.add_argument("run_dirs", nargs="*", help="run directories (summary.json or checkpoints/last.ckpt), or "
                                                     "folders of them such as runs/sweeps/<sweep name>")
     parser.add_argument("--out", default="reports/report", help="output prefix (default: reports/report)")
     parser.add_argument("--evaluate-checkpoints", action="store_true",
                         help="re-evaluate every run's checkpoints/last.ckpt on the test set (always done for a run "
                              "without summary.json)")
+    parser.add_argument("--reproduction", metavar="CELLS_YAML", default=None,
+                        help="instead of run directories: the reproduction table of the paper cells in CELLS_YAML "
+                             "(fl_lightning/reproduction.py), e.g. reports/reproduction/cells.yaml")
+    parser.add_argument("--readme", default=None,
+                        help="with --reproduction: replace the table between this file's reproduction markers")
     return parser
 
 
-def main(argv: list[str]) -> Report:
-    args = build_report_parser().parse_args(argv)
+def main(argv: list[str]) -> "Report | str":
+    parser = build_report_parser()
+    args = parser.parse_args(argv)
+    if args.reproduction:
+        from fl_lightning import reproduction
+
+        table = reproduction.write(args.reproduction, args.readme)
+        print(table + (f"wrote the table into {args.readme}" if args.readme else ""))
+        return table
+    if args.readme:
+        parser.error("--readme goes with --reproduction")
+    if not args.run_dirs:
+        parser.error("give run directories (or --reproduction CELLS_YAML)")
     report = build_report(args.run_dirs, args.out, args.evaluate_checkpoints)
     print(report.markdown.read_text().split("\n\n")[1])  # the table
     print("wrote " + ", ".join(str(p) for p in [report.markdown, report.csv, *report.figures.values()]))

@@ -1,0 +1,103 @@
+#!/bin/bash
+# The runs behind the README's reproduction table (reports/reproduction/cells.yaml), at the
+# budget the machine allows: SEEDS (default "0"), E (FedOV's local epochs, default 20; paper 200),
+# ROUNDS (Table II, default 10; paper 50-200). Each run lands in
+# reports/reproduction/runs/<name>/seed<S>/ and only its summary.json is kept (the config, the
+# per-round history and the final accuracy are in it). Finished runs are skipped. ONLY=<regex>
+# runs the matching names; WORKERS (default 2) client processes per run. Then:
+#   python -m fl_lightning report --reproduction reports/reproduction/cells.yaml --readme README.md
+# Hyper-parameters: the rule at the top of cells.yaml (each paper's stated values; nothing tuned).
+cd "$(dirname "$0")/.."
+OUT=reports/reproduction/runs
+LOGS=${LOGS:-runs/reproduction_logs}
+E=${E:-20}
+ROUNDS=${ROUNDS:-10}
+mkdir -p "$LOGS"
+run() {  # run NAME CONFIG [OVERRIDES...]
+  local name=$1 config=$2; shift 2
+  [[ $name =~ ${ONLY:-.} ]] || return
+  for seed in ${SEEDS:-0}; do
+    local dir=$OUT/$name/seed$seed
+    [ -f "$dir/summary.json" ] && continue
+    echo "$(date +%T) $name seed $seed"
+    mkdir -p "$(dirname "$LOGS/$name")"
+    if .venv/bin/python -m fl_lightning fit --config "$config" --seed "$seed" --run.dir "$dir" --run.logger none \
+         --run.progress false --trainer.workers "${WORKERS:-2}" "$@" > "$LOGS/${name}_seed$seed.log" 2>&1; then
+      find "$dir" -mindepth 1 -maxdepth 1 ! -name summary.json -exec rm -rf {} +
+    else
+      echo "FAILED $name seed $seed (see $LOGS/${name}_seed$seed.log)"; rm -rf "$dir"
+    fi
+  done
+}
+C1="--partition.scheme num_labels --partition.labels_per_client 1"
+C2="--partition.scheme num_labels --partition.labels_per_client 2"
+D05="--partition.scheme dirichlet --partition.dirichlet_beta 0.5"
+FEDOV="--federation.local_epochs $E"
+
+# FedOV Table 1 (FedOV and close-set voting, same epochs, optimizer and seeds)
+for data in fmnist mnist; do
+  for part in C1 C2 D05; do
+    run ${data}_${part}_closeset configs/fedov_${data}.yaml ${!part} $FEDOV --algorithm CloseSetVoting
+    run ${data}_${part}_fedov configs/fedov_${data}.yaml ${!part} $FEDOV
+  done
+done
+# FIM-L-BFGS Table II, IID FMNIST: FedAvg-SGD and the client-side reading (FedAvg whose clients
+# optimise with FIM-based L-BFGS). Step sizes by one rule for both, fixed before these runs: a
+# three-point grid each (SGD around its usual 0.1; FIM-L-BFGS around the largest step that did not
+# diverge on a 2-client smoke run), one round of the real setting per point, and the lowest
+# round-1 training loss wins (no test data; a diverged point is out). The selection runs are kept.
+select_lr() {  # select_lr NAME CONFIG "GRID" [OVERRIDES...] -> prints the chosen value of $KEY (default optimizer.lr)
+  local name=$1 config=$2 grid=$3; shift 3
+  local key=${KEY:-optimizer.lr} rounds=${SELECT_ROUNDS:-1} tag=${TAG:-lr}
+  for lr in $grid; do
+    ONLY=. SEEDS=0 run selection/${name}_$tag$lr "$config" --federation.rounds $rounds --$key $lr "$@" > /dev/null
+  done
+  .venv/bin/python - "$OUT/selection" "$name" "$tag" "$rounds" $grid <<'PY'
+import json, math, sys
+from pathlib import Path
+folder, name, tag, rounds, grid = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
+losses = {}
+for lr in grid:
+    path = folder / f"{name}_{tag}{lr}" / "seed0" / "summary.json"
+    if path.is_file():
+        loss = json.loads(path.read_text())["history"][rounds - 1].get("train/loss")
+        if loss is not None and math.isfinite(loss):
+            losses[lr] = loss
+print(min(losses, key=losses.get) if losses else "none")
+PY
+}
+WINDOW="--federation.final_window ${WINDOW_ROUNDS:-2}"  # final accuracy: mean of the last rounds, not of all ROUNDS
+if [[ fmnist_iid_fedavg_sgd =~ ${ONLY:-.} ]]; then
+  lr=$(select_lr fmnist_iid_fedavg_sgd configs/fedavg_sgd_iid_fmnist.yaml "0.01 0.1 1")
+  [ "$lr" != none ] && run fmnist_iid_fedavg_sgd configs/fedavg_sgd_iid_fmnist.yaml --federation.rounds $ROUNDS $WINDOW --optimizer.lr $lr
+fi
+if [[ fmnist_iid_fim_client =~ ${ONLY:-.} ]]; then
+  FIM="--optimizer.name fim_lbfgs --optimizer.momentum 0"
+  lr=$(select_lr fmnist_iid_fim_client configs/fedavg_sgd_iid_fmnist.yaml "0.0001 0.001 0.01" $FIM)
+  [ "$lr" != none ] && run fmnist_iid_fim_client configs/fedavg_sgd_iid_fmnist.yaml --federation.rounds $ROUNDS $WINDOW $FIM --optimizer.lr $lr
+fi
+# Table II's other methods, same rule and budget (three points each, one round, round-1 training
+# loss): FedAvg-Adam's lr, FedDANE's mu (its local SGD at FedAvg-SGD's chosen lr) and the
+# server-side FIM-L-BFGS's eta (its clients do not train: its selection takes two rounds and
+# reads the loss its clients report in round 2, at the first updated model).
+if [[ fmnist_iid_fedavg_adam =~ ${ONLY:-.} ]]; then
+  lr=$(select_lr fmnist_iid_fedavg_adam configs/fedavg_adam_iid_fmnist.yaml "0.0001 0.001 0.01")
+  [ "$lr" != none ] && run fmnist_iid_fedavg_adam configs/fedavg_adam_iid_fmnist.yaml --federation.rounds $ROUNDS $WINDOW --optimizer.lr $lr
+fi
+if [[ fmnist_iid_feddane =~ ${ONLY:-.} ]]; then
+  sgd=$(select_lr fmnist_iid_fedavg_sgd configs/fedavg_sgd_iid_fmnist.yaml "0.01 0.1 1")  # done above: read back
+  mu=$(KEY=algorithm.mu TAG=mu select_lr fmnist_iid_feddane configs/feddane_fmnist.yaml "0.001 0.01 0.1" --optimizer.lr $sgd)
+  [ "$mu" != none ] && run fmnist_iid_feddane configs/feddane_fmnist.yaml --federation.rounds $ROUNDS $WINDOW --optimizer.lr $sgd --algorithm.mu $mu
+fi
+if [[ fmnist_iid_fim_server =~ ${ONLY:-.} ]]; then
+  eta=$(KEY=algorithm.step_size TAG=eta SELECT_ROUNDS=2 select_lr fmnist_iid_fim_server configs/fimlbfgs_fmnist.yaml "0.0001 0.001 0.01")
+  [ "$eta" != none ] && run fmnist_iid_fim_server configs/fimlbfgs_fmnist.yaml --federation.rounds $ROUNDS $WINDOW --algorithm.step_size $eta
+fi
+# Table 1's one-round baselines on FMNIST #C=2 (NIID-Bench: sample-weighted averaging, FedProx μ 0.01)
+run fmnist_C2_fedavg configs/fedavg_oneshot_fmnist.yaml $C2 $FEDOV
+run fmnist_C2_fedprox configs/fedprox_oneshot_fmnist.yaml $C2 $FEDOV --algorithm.mu 0.01
+run fmnist_C2_fednova configs/fednova_oneshot_fmnist.yaml $C2 $FEDOV
+run fmnist_C2_scaffold configs/scaffold_oneshot_fmnist.yaml $C2 $FEDOV
+# Table 2 ablation, FMNIST #C=1
+run fmnist_C1_proser configs/fedov_fmnist.yaml $C1 $FEDOV --algorithm.destruction_weight 0 --algorithm.adversarial_weight 0
+run fmnist_C1_proser_dd configs/fedov_fmnist.yaml $C1 $FEDOV --algorithm.adversarial_weight 0

@@ -1,0 +1,101 @@
+"""The README's reproduction table is generated from committed run summaries: mean ± sample
+std over seeds, the difference from the paper, rounds to a target, and why a cell has no runs."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fl_lightning import reproduction
+from fl_lightning.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fake_run(run_dir: Path, accuracies: list[float], seed: int, epochs: int = 20) -> None:
+    """A summary.json as Federation.summary writes it: one evaluation per round, final = last round."""
+    run_dir.mkdir(parents=True)
+    history = [{"round": r + 1, "test/accuracy": a, "bytes/up": 10, "bytes/down": 5} for r, a in enumerate(accuracies)]
+    (run_dir / "summary.json").write_text(json.dumps({
+        "algorithm": "fedov", "config": {"seed": seed, "optimizer": {"name": "adam", "lr": 0.001},
+                                         "federation": {"local_epochs": epochs, "rounds": len(accuracies),
+                                                        "final_window": 1}},
+        "history": history, "rounds": len(accuracies), "final_accuracy": accuracies[-1], "final_window": 1,
+        "last_accuracy": accuracies[-1], "bytes_total": 15 * len(accuracies), "wall_time_s": 1.0}))
+
+
+def spec(tmp_path: Path, cells: str) -> Path:
+    path = tmp_path / "cells.yaml"
+    path.write_text("cells:\n" + cells)
+    return path
+
+
+def test_the_table_gives_mean_and_sample_std_over_seeds_and_the_distance_to_the_paper(tmp_path):
+    for seed, final in enumerate([0.70, 0.74, 0.72]):
+        fake_run(tmp_path / "runs" / "a" / f"seed{seed}", [0.5, final], seed)
+    fake_run(tmp_path / "runs" / "b" / "seed0", [0.2, 0.30], 0, epochs=60)
+    path = spec(tmp_path, """
+  - {id: a, paper: P1, data: D, setting: "#C=1", method: M, paper_value: 73.3, paper_protocol: "E = 200", runs: runs/a}
+  - {id: b, paper: P1, data: D, setting: "#C=2", method: M, paper_value: 40.0, paper_protocol: "E = 200", runs: runs/b,
+     differences: other corpus}
+  - {id: c, paper: P2, data: D, setting: IID, method: N, paper_value: 90.0, paper_protocol: "E = 200", missing: needs a GPU}
+""")
+    rows = [line.split(" | ") for line in reproduction.write(path).splitlines()[2:5]]
+    a, b, c = rows
+    assert a[6] == "72.0 ± 2.0 (70.0, 74.0, 72.0)"  # std with ddof 1: sqrt(((-2)² + 2² + 0²) / 2) = 2
+    assert (a[7], a[8]) == ("-1.3", "yes") and a[10].startswith("E = 20, 2 rounds, adam lr 0.001, seeds 0, 1, 2")
+    assert (b[6], b[7], b[8]) == ("30.0", "-10.0", "**no**") and b[10].rstrip(" |") == "E = 60, 2 rounds, adam lr 0.001, seed 0; other corpus"
+    assert (c[6], c[7], c[8]) == ("not run", "", "") and c[10].rstrip(" |") == "needs a GPU"
+    cells = reproduction.load_cells(path)
+    assert reproduction.markdown(cells).splitlines()[-1] == \
+        "2 of 3 cells run; 1 within 3 points of the paper: outside, P1 D #C=2 M (-10.0)."
+    assert reproduction.headline(cells) == ("- **P1**: 2 of 2 cells run, 1 within 3 points of the paper; "
+                                            "outside: D #C=2 M 30.0 vs 40.0.\n- **P2**: 0 of 1 cells run.\n")
+
+
+def test_rounds_to_target_count_from_the_reference_cells_final_accuracy(tmp_path):
+    fake_run(tmp_path / "runs" / "ref" / "seed0", [0.60, 0.80], 0)
+    fake_run(tmp_path / "runs" / "fast" / "seed0", [0.70, 0.78, 0.79], 0)
+    fake_run(tmp_path / "runs" / "fast" / "seed1", [0.70, 0.77, 0.775], 1)
+    path = spec(tmp_path, """
+  - {id: ref, paper: T, data: D, setting: IID, method: SGD, paper_value: 98.2, paper_protocol: "200 rounds", runs: runs/ref}
+  - {id: fast, paper: T, data: D, setting: IID, method: L-BFGS, paper_value: 97.5, paper_protocol: "50 rounds",
+     runs: runs/fast, target_of: ref, target_fraction: 0.975, paper_rounds: 50}
+""")
+    fast = reproduction.write(path).splitlines()[3].split(" | ")
+    # target = 0.975 × 80.0 = 78.0: seed 0 first reaches it in round 2, seed 1 never (77.5 < 78)
+    assert fast[9] == "50 / 2, not reached (target 78.0)"
+
+
+def test_the_readme_block_is_replaced_and_bad_specs_are_named(tmp_path):
+    fake_run(tmp_path / "runs" / "a" / "seed0", [0.5], 0)
+    path = spec(tmp_path, '  - {id: a, paper: P, data: D, setting: S, method: M, paper_value: 50.0, paper_protocol: x, runs: runs/a}\n')
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n{reproduction.HEADLINE_BEGIN}\nold claim\n{reproduction.HEADLINE_END}\n\n"
+                      f"{reproduction.BEGIN}\nold typed table\n{reproduction.END}\n\nafter\n")
+    assert len(reproduction.stale_blocks(path, readme)) == 2
+    table = main(["report", "--reproduction", str(path), "--readme", str(readme)])
+    text = readme.read_text()
+    assert "old typed table" not in text and "old claim" not in text
+    assert text.startswith("# title\n") and text.endswith("\n\nafter\n")
+    assert reproduction.readme_block(readme) == table and reproduction.stale_blocks(path, readme) == []
+    assert reproduction.readme_block(readme, reproduction.HEADLINE_BEGIN, reproduction.HEADLINE_END) == \
+        "- **P**: 1 of 1 cells run, 1 within 3 points of the paper.\n"
+
+    with pytest.raises(ValueError, match=r"cell 0 \(a\): unknown keys \['paper_valu'\]"):
+        reproduction.load_cells(spec(tmp_path, "  - {id: a, paper_valu: 1}\n"))
+    with pytest.raises(ValueError, match="cell 'b' has no runs under runs/b and no 'missing:' reason"):
+        reproduction.load_cells(spec(tmp_path, '  - {id: b, paper: P, data: D, setting: S, method: M, '
+                                               'paper_value: 1, paper_protocol: x, runs: runs/b}\n'))
+    good = spec(tmp_path, '  - {id: a, paper: P, data: D, setting: S, method: M, paper_value: 50.0, paper_protocol: x, runs: runs/a}\n')
+    (tmp_path / "plain.md").write_text("# no markers\n")
+    with pytest.raises(ValueError, match="plain.md has no reproduction-table markers"):
+        reproduction.write(good, tmp_path / "plain.md")
+
+
+def test_the_readme_table_and_headline_are_the_ones_the_committed_runs_give():
+    """Regenerate from reports/reproduction and compare: the README cannot drift from the runs."""
+    cells = ROOT / "reports" / "reproduction" / "cells.yaml"
+    assert reproduction.stale_blocks(cells, ROOT / "README.md") == [], (
+        "README's reproduction table or headline is stale: run python -m fl_lightning report --reproduction "
+        "reports/reproduction/cells.yaml --readme README.md")
