@@ -31,3 +31,12 @@ def outcome(summary):
     """Everything a run computed, round by round (wall-clock times left out): equal outcomes
     are equal runs."""
     return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in summary["history"]]
+
+
+# Tests that take a minute each (a Flower federation on localhost) go first, so that the two
+# xdist workers run them beside the many short tests rather than after them.
+LONG_FIRST = ("test_flower.py::test_every_algorithm_on_flower", "test_flower.py::test_flower_localhost")
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: not any(name in item.nodeid for name in LONG_FIRST))
