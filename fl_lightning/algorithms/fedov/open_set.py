@@ -148,13 +148,18 @@ def open_set_task(client_id: int, params: dict[str, Tensor], optimizer: Optimize
     return ClientTask(client_id, "open_set", params, settings=settings)
 
 
+def task_loss(task: ClientTask) -> OpenSetLoss:
+    """The ``OpenSetLoss`` an open-set task carries (its JSON lists back to tuples)."""
+    raw = task.settings["open_set"]
+    return OpenSetLoss(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+
+
 class OpenSetClient(ClientPlugin):
     def build(self, ctx, task, client_state):
         from fl_lightning.algorithms.baselines.classifier import client_network
 
-        loss = task.settings["open_set"]
-        loss = OpenSetLoss(**{k: tuple(v) if isinstance(v, list) else v for k, v in loss.items()})
-        return OpenSetDetector(client_network(ctx, task), task.settings["num_classes"], task.optimizer, loss)
+        return OpenSetDetector(client_network(ctx, task), task.settings["num_classes"], task.optimizer,
+                               task_loss(task))
 
     def result(self, task, module, num_samples, steps, loss, client_state):
         return ClientResult(task.client_id, module.flat_state(), num_samples, task.classes, loss, steps)

@@ -17,16 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fl_lightning.algorithms.fedov.open_set import OpenSetClient, OpenSetLoss
+from fl_lightning.algorithms.fedov.open_set import OpenSetClient, OpenSetLoss, task_loss
 from fl_lightning.cohort.members import CohortPlugin, Member, StepStreams, weighted_mean
 from fl_lightning.messages import ClientResult
 
 TERMS = ("ce", "dummy", "mixup", "destroyed", "enhanced")
-
-
-def _loss_settings(task) -> OpenSetLoss:
-    raw = task.settings["open_set"]
-    return OpenSetLoss(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
 
 
 class OpenSetStreams(StepStreams):
@@ -113,7 +108,7 @@ class OpenSetCohort(CohortPlugin):
         return [Member(dict(task.params))]
 
     def step_streams(self, ctx, tasks, seeds, member_entry):
-        return OpenSetStreams(_loss_settings(tasks[0]), int(tasks[0].settings["num_classes"]), seeds, member_entry)
+        return OpenSetStreams(task_loss(tasks[0]), int(tasks[0].settings["num_classes"]), seeds, member_entry)
 
     def loss(self, forward, params, consts, x, y, weight, *, unknown, weights, fgsm_steps, fgsm_step, destroyed,
              perm, lam):
