@@ -164,7 +164,9 @@ def fit_module(ctx: ClientContext, module, batches, epochs: int, callbacks: Sequ
     trainer = make_trainer(ctx, epochs, callbacks)
     trainer.fit(module, train_dataloaders=batches)
     last_epoch = torch.stack(losses[-len(batches):]).mean().item() if losses else float("nan")
-    return trainer.global_step, last_epoch
+    # Lightning counts every optimizer's step; a module with one optimizer per part (FedOVA's
+    # detectors under fim_lbfgs) steps them all on each batch
+    return trainer.global_step // max(1, len(trainer.optimizers)), last_epoch
 
 
 def _recording(step_fn, losses: list, keep: int):

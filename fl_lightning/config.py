@@ -118,7 +118,7 @@ class OptimizerConfig:
 
     Attributes:
         name: sgd | adam | fim_lbfgs (FIM-L-BFGS's client-side reading: local FIM-based L-BFGS
-            steps over the client's own (s, y = F_batch s) pairs; multi-class clients only).
+            steps over the client's own (s, y = F_batch s) pairs; FedAvg family and FedOVA).
         lr: learning rate (fim_lbfgs: the step size along the L-BFGS direction).
         momentum: SGD momentum.
         weight_decay: L2 penalty (sgd, adam).

@@ -23,7 +23,8 @@ def setting():
     return ctx, stacked, indices
 
 
-@pytest.mark.parametrize("optimizer", [OptimizerConfig("sgd", lr=0.05, momentum=0.9), OptimizerConfig("adam", lr=1e-3)])
+@pytest.mark.parametrize("optimizer", [OptimizerConfig("sgd", lr=0.05, momentum=0.9), OptimizerConfig("adam", lr=1e-3),
+                                       OptimizerConfig("fim_lbfgs", lr=0.1, history=3, damping=0.01, max_step_norm=1.0)])
 def test_co_trained_detectors_equal_separately_trained_ones(setting, optimizer):
     ctx, stacked, indices = setting
     classes = (0, 1, 2)

@@ -149,12 +149,60 @@ def test_a_fim_lbfgs_client_fit_equals_the_optimizer_by_hand_on_the_same_batches
     assert not torch.equal(result.params["1.weight"], start["1.weight"])
 
 
-def test_fedavg_with_fim_lbfgs_clients_runs_and_trains_per_client_under_the_cohort_engine(tmp_path):
+def test_fedova_fim_lbfgs_detectors_equal_one_optimizer_per_detector_by_hand():
+    """Algorithm 2's client-side reading: each detector its own pairs and its own Fisher."""
+    from fl_lightning.algorithms.fedova.detectors import detector_task
+    from fl_lightning.client import ClientContext, client_seed, train_client
+    from fl_lightning.config import FederationConfig, OptimizerConfig, TrainerConfig
+    from fl_lightning.data import ClientBatches
+    from fl_lightning.modules import stack_models
+
+    torch.manual_seed(0)
+    template = nn.Sequential(nn.Flatten(), nn.Linear(4, 1))
+    nets = [nn.Sequential(nn.Flatten(), nn.Linear(4, 1)) for _ in range(2)]
+    stacked = stack_models(nets)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(20, 4, generator=g), torch.arange(20) % 3
+    classes = (0, 2)
+    cfg = OptimizerConfig("fim_lbfgs", lr=0.5, history=3, damping=0.01)
+    ctx = ClientContext(x, y, template, FederationConfig(local_epochs=2, batch_size=8),
+                        TrainerConfig(accelerator="cpu", precision="32-true"), seed=0)
+
+    result = train_client(ctx, detector_task(0, stacked, classes, cfg), np.arange(20), round_index=1)
+
+    opts = [FIMLBFGSOptimizer(net.parameters(), lr=0.5, history=3, damping=0.01) for net in nets]
+    batches = ClientBatches(x, y, torch.arange(20), 8, torch.Generator().manual_seed(client_seed(0, 1, 0)))
+
+    def bce(out, target):
+        return F.binary_cross_entropy_with_logits(out.squeeze(-1), target)
+
+    for _ in range(2):
+        for xb, yb in batches:
+            for net, opt, c in zip(nets, opts, classes):
+                target = (yb == c).float()
+                fisher = batch_fisher(net, bce, xb, target)
+
+                def closure():
+                    opt.zero_grad()
+                    loss = bce(net(xb), target)
+                    loss.backward()
+                    return loss
+
+                opt.step(closure, fisher=fisher)
+    assert result.steps == 6
+    for i, net in enumerate(nets):
+        for name, v in net.state_dict().items():
+            torch.testing.assert_close(result.params[name][i], v, rtol=1e-5, atol=1e-6)
+            assert not torch.equal(result.params[name][i], stacked[name][i])
+
+
+@pytest.mark.parametrize("algorithm", ["FedAvg", "FedOVA"])
+def test_fim_lbfgs_clients_run_and_train_per_client_under_the_cohort_engine(tmp_path, algorithm):
     from fl_lightning.checkpoint import load_checkpoint
     from fl_lightning.cli import main
     from tests.conftest import tiny_args
 
-    args = ["--algorithm", "FedAvg", "--optimizer.name", "fim_lbfgs", "--optimizer.lr", "0.1",
+    args = ["--algorithm", algorithm, "--optimizer.name", "fim_lbfgs", "--optimizer.lr", "0.1",
             "--optimizer.max_step_norm", "1.0", "--federation.rounds", "2"]
     per_client = main(["fit", *tiny_args(tmp_path / "a", *args, "--trainer.engine", "per_client")])
     cohort = main(["fit", *tiny_args(tmp_path / "b", *args, "--trainer.engine", "cohort")])
@@ -167,8 +215,8 @@ def test_fedavg_with_fim_lbfgs_clients_runs_and_trains_per_client_under_the_coho
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("algorithm", ["FedOVA", "FedOV"])
-def test_fim_lbfgs_clients_are_refused_where_clients_are_not_multi_class(tmp_path, algorithm):
+@pytest.mark.parametrize("algorithm", ["FedOV", "CloseSetVoting", "AthenaFL"])
+def test_fim_lbfgs_clients_are_refused_where_the_client_module_cannot_take_it(tmp_path, algorithm):
     from fl_lightning.cli import main
     from tests.conftest import tiny_args
 

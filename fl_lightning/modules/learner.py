@@ -15,8 +15,8 @@ def build_optimizer(params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
     if cfg.name == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if cfg.name == "fim_lbfgs":
-        raise ValueError("optimizer.name=fim_lbfgs trains multi-class clients only (the FedAvg family); one-vs-all "
-                         "detectors: --algorithm FedOVAFIMLBFGS (the server-side reading)")
+        raise ValueError("optimizer.name=fim_lbfgs trains the FedAvg family's classifiers and FedOVA's detectors "
+                         "only (they pass it the batch's Fisher)")
     raise ValueError(f"optimizer.name={cfg.name!r} is unknown; choose sgd, adam or fim_lbfgs")
 
 

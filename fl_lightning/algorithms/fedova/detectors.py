@@ -25,7 +25,9 @@ class BinaryDetector(LocalLearner):
     are stacked and trained in one pass: the loss is the *sum* of their independent
     losses, so each detector receives exactly its own gradient, and the optimizers used
     here (SGD, Adam) act element-wise — the updates equal separate training
-    (``tests/test_detectors.py`` checks it).
+    (``tests/test_detectors.py`` checks it). ``fim_lbfgs`` (FIM-L-BFGS's client-side reading of
+    the journal's Algorithm 2) is not element-wise: each detector gets its own
+    ``FIMLBFGSOptimizer``, its own pairs and the Fisher of its own loss.
     """
 
     def __init__(self, template: nn.Module, classes: Sequence[int], stacked: dict[str, Tensor],
@@ -33,7 +35,10 @@ class BinaryDetector(LocalLearner):
         super().__init__(optimizer)
         if len(classes) != next(iter(stacked.values())).shape[0]:
             raise ValueError(f"{len(classes)} classes but {next(iter(stacked.values())).shape[0]} stacked detectors")
-        self.detectors = StackedModel(template, stacked, mode=stacking)
+        # An optimizer per detector needs each detector's parameters as separate tensors: the
+        # loop stacking (same results as vmap, tests/test_stacking.py)
+        self.automatic_optimization = optimizer.name != "fim_lbfgs"
+        self.detectors = StackedModel(template, stacked, mode=stacking if self.automatic_optimization else "loop")
         self.register_buffer("classes", torch.as_tensor(list(classes), dtype=torch.long), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -42,13 +47,50 @@ class BinaryDetector(LocalLearner):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
+        if not self.automatic_optimization:
+            return self._fim_lbfgs_step(x, y)
+        return self.objective(x, y)
+
+    def objective(self, x: Tensor, y: Tensor) -> Tensor:
+        """The sum of the detectors' mean binary cross-entropies."""
         logits = self(x)
         targets = (y.unsqueeze(0) == self.classes.unsqueeze(1)).to(logits.dtype)
         per_detector = F.binary_cross_entropy_with_logits(logits.float(), targets.float(), reduction="none").mean(dim=1)
         return per_detector.sum()
 
+    def configure_optimizers(self):
+        if self.automatic_optimization:
+            return super().configure_optimizers()
+        from fl_lightning.algorithms.fimlbfgs.optimizer import FIMLBFGSOptimizer
+
+        cfg = self.optimizer_cfg
+        return [FIMLBFGSOptimizer(detector.parameters(), lr=cfg.lr, history=cfg.history, damping=cfg.damping,
+                                  max_step_norm=cfg.max_step_norm) for detector in self.detectors.copies]
+
+    def _fim_lbfgs_step(self, x: Tensor, y: Tensor) -> Tensor:
+        """One FIM-based L-BFGS step per detector (Algorithm 2 on the client): the diagonal
+        empirical Fisher of the detector's own binary cross-entropy on this batch, and its
+        two-loop direction from its own gradient (one backward of the sum gives each its own)."""
+        from fl_lightning.algorithms.fimlbfgs.optimizer import batch_fisher
+
+        optimizers = self.optimizers()
+        optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
+        fishers = [batch_fisher(detector, _binary_loss, x, (y == c).float())
+                   for detector, c in zip(self.detectors.copies, self.classes.tolist())]
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        loss = self.objective(x, y)
+        self.manual_backward(loss)
+        for optimizer, fisher in zip(optimizers, fishers):
+            optimizer.step(fisher=fisher)
+        return loss.detach()
+
     def stacked_state(self) -> dict[str, Tensor]:
         return self.detectors.stacked_state()
+
+
+def _binary_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    return F.binary_cross_entropy_with_logits(logits.squeeze(-1).float(), targets)
 
 
 def detector_task(client_id: int, params: dict[str, Tensor], classes: Sequence[int], optimizer: OptimizerConfig,

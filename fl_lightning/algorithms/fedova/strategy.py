@@ -29,6 +29,7 @@ class FedOVA(Strategy):
     """
 
     name = "fedova"
+    client_optimizers = ("sgd", "adam", "fim_lbfgs")  # fim_lbfgs: FIM-L-BFGS's client-side reading (Algorithm 2)
 
     def __init__(self, weighted: bool = False) -> None:
         self.weighted = weighted
