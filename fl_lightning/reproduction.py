@@ -119,6 +119,9 @@ def our_protocol(cell: Cell) -> str:
     text = f"E = {values('federation', 'local_epochs')}, {rounds} round{'' if rounds == '1' else 's'}, " \
            f"{values('optimizer', 'name')} lr {values('optimizer', 'lr')}, " \
            f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+    hidden = {r.setting("model", "hidden_units", 0) for r in cell.records} - {0, None}
+    if hidden:  # the network differs from the default one
+        text += f", hidden layer {'/'.join(map(str, sorted(hidden)))}"
     return text + (f"; {cell.differences}" if cell.differences else "")
 
 

@@ -12,14 +12,15 @@ from fl_lightning.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def fake_run(run_dir: Path, accuracies: list[float], seed: int, epochs: int = 20) -> None:
+def fake_run(run_dir: Path, accuracies: list[float], seed: int, epochs: int = 20, hidden: int = 0) -> None:
     """A summary.json as Federation.summary writes it: one evaluation per round, final = last round."""
     run_dir.mkdir(parents=True)
     history = [{"round": r + 1, "test/accuracy": a, "bytes/up": 10, "bytes/down": 5} for r, a in enumerate(accuracies)]
     (run_dir / "summary.json").write_text(json.dumps({
         "algorithm": "fedov", "config": {"seed": seed, "optimizer": {"name": "adam", "lr": 0.001},
                                          "federation": {"local_epochs": epochs, "rounds": len(accuracies),
-                                                        "final_window": 1}},
+                                                        "final_window": 1},
+                                         "model": {"hidden_units": hidden}},
         "history": history, "rounds": len(accuracies), "final_accuracy": accuracies[-1], "final_window": 1,
         "last_accuracy": accuracies[-1], "bytes_total": 15 * len(accuracies), "wall_time_s": 1.0}))
 
@@ -33,7 +34,7 @@ def spec(tmp_path: Path, cells: str) -> Path:
 def test_the_table_gives_mean_and_sample_std_over_seeds_and_the_distance_to_the_paper(tmp_path):
     for seed, final in enumerate([0.70, 0.74, 0.72]):
         fake_run(tmp_path / "runs" / "a" / f"seed{seed}", [0.5, final], seed)
-    fake_run(tmp_path / "runs" / "b" / "seed0", [0.2, 0.30], 0, epochs=60)
+    fake_run(tmp_path / "runs" / "b" / "seed0", [0.2, 0.30], 0, epochs=60, hidden=512)
     path = spec(tmp_path, """
   - {id: a, paper: P1, data: D, setting: "#C=1", method: M, paper_value: 73.3, paper_protocol: "E = 200", runs: runs/a}
   - {id: b, paper: P1, data: D, setting: "#C=2", method: M, paper_value: 40.0, paper_protocol: "E = 200", runs: runs/b,
@@ -44,7 +45,7 @@ def test_the_table_gives_mean_and_sample_std_over_seeds_and_the_distance_to_the_
     a, b, c = rows
     assert a[6] == "72.0 ± 2.0 (70.0, 74.0, 72.0)"  # std with ddof 1: sqrt(((-2)² + 2² + 0²) / 2) = 2
     assert (a[7], a[8]) == ("-1.3", "yes") and a[10].startswith("E = 20, 2 rounds, adam lr 0.001, seeds 0, 1, 2")
-    assert (b[6], b[7], b[8]) == ("30.0", "-10.0", "**no**") and b[10].rstrip(" |") == "E = 60, 2 rounds, adam lr 0.001, seed 0; other corpus"
+    assert (b[6], b[7], b[8]) == ("30.0", "-10.0", "**no**") and b[10].rstrip(" |") == "E = 60, 2 rounds, adam lr 0.001, seed 0, hidden layer 512; other corpus"
     assert (c[6], c[7], c[8]) == ("not run", "", "") and c[10].rstrip(" |") == "needs a GPU"
     cells = reproduction.load_cells(path)
     assert reproduction.markdown(cells).splitlines()[-1] == \
