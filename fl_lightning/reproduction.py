@@ -51,11 +51,14 @@ class Cell:
     target_of: str = ""     # id of the cell whose final accuracy sets a round target
     target_fraction: float = 0.975
     paper_rounds: Optional[int] = None
+    metric: str = ""        # a history key to report instead of the final accuracy (its last value)
     records: list[RunRecord] = field(default_factory=list)
 
     @property
     def accuracies(self) -> list[float]:
-        return [100.0 * r.final_accuracy for r in self.records if r.final_accuracy is not None]
+        if not self.metric:
+            return [100.0 * r.final_accuracy for r in self.records if r.final_accuracy is not None]
+        return [100.0 * last_value(r, self.metric) for r in self.records]
 
     @property
     def mean(self) -> Optional[float]:
@@ -66,6 +69,14 @@ class Cell:
         """Sample standard deviation over seeds (ddof 1); None for one run."""
         acc = self.accuracies
         return float(np.std(acc, ddof=1)) if len(acc) > 1 else None
+
+
+def last_value(record: RunRecord, key: str) -> float:
+    """The last logged value of ``key`` in a run's history (e.g. Distilled FedOV's student)."""
+    values = [m[key] for m in record.history if key in m]
+    if not values:
+        raise ValueError(f"{record.run_dir}: no {key!r} in its history (the cell's metric)")
+    return float(values[-1])
 
 
 def load_cells(spec: str | Path) -> list[Cell]:

@@ -54,6 +54,27 @@ def test_the_table_gives_mean_and_sample_std_over_seeds_and_the_distance_to_the_
                                             "outside: D #C=2 M 30.0 vs 40.0.\n- **P2**: 0 of 1 cells run.\n")
 
 
+def test_a_cells_metric_reports_that_history_value_instead_of_the_final_accuracy(tmp_path):
+    for seed, (ensemble, student) in enumerate([(0.84, 0.82), (0.86, 0.80)]):
+        run = tmp_path / "runs" / "d" / f"seed{seed}"
+        fake_run(run, [ensemble], seed)
+        summary = json.loads((run / "summary.json").read_text())
+        summary["history"][-1]["test/distilled_accuracy"] = student
+        (run / "summary.json").write_text(json.dumps(summary))
+    path = spec(tmp_path, """
+  - {id: d, paper: P, data: D, setting: S, method: student, paper_value: 85.0, paper_protocol: x, runs: runs/d,
+     metric: test/distilled_accuracy}
+  - {id: e, paper: P, data: D, setting: S, method: ensemble, paper_value: 85.0, paper_protocol: x, runs: runs/d}
+  - {id: f, paper: P, data: D, setting: S, method: typo, paper_value: 85.0, paper_protocol: x, runs: runs/d,
+     metric: test/distiled_accuracy}
+""")
+    d, e, f = reproduction.load_cells(path)
+    assert d.accuracies == pytest.approx([82.0, 80.0]) and d.mean == pytest.approx(81.0)
+    assert e.accuracies == pytest.approx([84.0, 86.0])
+    with pytest.raises(ValueError, match="test/distiled_accuracy"):
+        f.accuracies
+
+
 def test_rounds_to_target_count_from_the_reference_cells_final_accuracy(tmp_path):
     fake_run(tmp_path / "runs" / "ref" / "seed0", [0.60, 0.80], 0)
     fake_run(tmp_path / "runs" / "fast" / "seed0", [0.70, 0.78, 0.79], 0)
