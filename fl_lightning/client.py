@@ -164,8 +164,8 @@ def fit_module(ctx: ClientContext, module, batches, epochs: int, callbacks: Sequ
     trainer = make_trainer(ctx, epochs, callbacks)
     trainer.fit(module, train_dataloaders=batches)
     last_epoch = torch.stack(losses[-len(batches):]).mean().item() if losses else float("nan")
-    # Lightning counts every optimizer's step; a module with one optimizer per part (FedOVA's
-    # detectors under fim_lbfgs) steps them all on each batch
+    # Lightning counts every optimizer's step; a module with one optimizer per part (per
+    # stacked model) steps them all on each batch, and a local step is one batch
     return trainer.global_step // max(1, len(trainer.optimizers)), last_epoch
 
 

@@ -73,7 +73,7 @@ class Cell:
 
 def last_value(record: RunRecord, key: str) -> float:
     """The last logged value of ``key`` in a run's history (e.g. Distilled FedOV's student)."""
-    values = [m[key] for m in record.history if key in m]
+    _, values = evaluated(record.history, key)
     if not values:
         raise ValueError(f"{record.run_dir}: no {key!r} in its history (the cell's metric)")
     return float(values[-1])
