@@ -125,3 +125,14 @@ for L in ${TABLE1_SETTINGS:-2}; do
     [ "$lr" != none ] && run $name configs/${method}_fmnist.yaml $NL --optimizer.lr $lr --run.checkpoint_every 0
   done
 done
+# FedOVA Table II's data-sharing baseline (Zhao et al. 2018), FMNIST non-IID-2: FedAvg whose
+# clients all hold the same random global subset of β·|D_k| extra samples; Table I's setting and
+# network, and the same learning-rate rule (its own three one-round runs per β). SHARE_FRACTIONS
+# (default "0.05 0.1") picks β.
+for beta in ${SHARE_FRACTIONS:-0.05 0.1}; do
+  name=fmnist_n2_datasharing${beta}_h${HIDDEN:-512}
+  [[ $name =~ ${ONLY:-.} ]] || continue
+  NL="--partition.labels_per_client 2 --partition.share_fraction $beta --model.hidden_units ${HIDDEN:-512}"
+  lr=$(select_lr $name configs/fedavg_fmnist.yaml "0.01 0.1 1" $NL)
+  [ "$lr" != none ] && run $name configs/fedavg_fmnist.yaml $NL --optimizer.lr $lr --run.checkpoint_every 0
+done

@@ -1,6 +1,7 @@
 #!/bin/bash
 # The reproduction cells a GPU makes cheap, in one device call: FedOVA Table I (FedOVA and FedAvg on
 # FMNIST non-IID-2/3/5, 100 rounds, the paper's network with a 512-unit hidden layer) over SEEDS,
+# then Table II's data-sharing baseline (FedAvg, β = 5 / 10 %) over SEEDS if BUDGET_S allows,
 # with the cohort engine (FedOVA's 100 rounds: 32 s on an H100, bench/results/gpu/run2_MAIN_cohort.json).
 # The learning rates come from the committed selection runs (experiments/reproduction.sh's rule; a
 # setting without them runs its own, one round per grid point). New runs are started only while
@@ -30,6 +31,12 @@ for seed in ${SEEDS:-0 1 2}; do
       SEEDS=$seed TABLE1_SETTINGS=$L HIDDEN=${HIDDEN:-512} ONLY="^fmnist_n${L}_${method}_h" \
         bash experiments/reproduction.sh
     done
+  done
+done
+for seed in ${SEEDS:-0 1 2}; do
+  for beta in 0.05 0.1; do
+    [ $(( $(date +%s) - start )) -lt "${BUDGET_S:-480}" ] || break 2
+    SEEDS=$seed SHARE_FRACTIONS=$beta HIDDEN=${HIDDEN:-512} ONLY="^fmnist_n2_datasharing" bash experiments/reproduction.sh
   done
 done
 echo "$(( $(date +%s) - start )) s"
