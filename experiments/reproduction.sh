@@ -116,13 +116,16 @@ run fmnist_C1_proser_dd configs/fedov_fmnist.yaml $C1 $FEDOV --algorithm.adversa
 # (plain mean, Algorithm 1 line 8), fixed before these runs: the Table II grid "0.01 0.1 1", one
 # round of the real setting per point, lowest round-1 training loss. TABLE1_SETTINGS (default "2")
 # picks labels per client; HIDDEN (default 512) the network.
+lr_rule_run() {  # lr_rule_run NAME CONFIG [OVERRIDES...]: the rule's lr, then the 100-round run
+  local name=$1 config=$2; shift 2
+  local lr; lr=$(select_lr $name $config "0.01 0.1 1" "$@")
+  [ "$lr" != none ] && run $name $config "$@" --optimizer.lr $lr --run.checkpoint_every 0
+}
 for L in ${TABLE1_SETTINGS:-2}; do
   for method in fedova fedavg; do
     name=fmnist_n${L}_${method}_h${HIDDEN:-512}
     [[ $name =~ ${ONLY:-.} ]] || continue
-    NL="--partition.labels_per_client $L --model.hidden_units ${HIDDEN:-512}"
-    lr=$(select_lr $name configs/${method}_fmnist.yaml "0.01 0.1 1" $NL)
-    [ "$lr" != none ] && run $name configs/${method}_fmnist.yaml $NL --optimizer.lr $lr --run.checkpoint_every 0
+    lr_rule_run $name configs/${method}_fmnist.yaml --partition.labels_per_client $L --model.hidden_units ${HIDDEN:-512}
   done
 done
 # FedOVA Table II's data-sharing baseline (Zhao et al. 2018), FMNIST non-IID-2: FedAvg whose
@@ -132,7 +135,5 @@ done
 for beta in ${SHARE_FRACTIONS:-0.05 0.1}; do
   name=fmnist_n2_datasharing${beta}_h${HIDDEN:-512}
   [[ $name =~ ${ONLY:-.} ]] || continue
-  NL="--partition.labels_per_client 2 --partition.share_fraction $beta --model.hidden_units ${HIDDEN:-512}"
-  lr=$(select_lr $name configs/fedavg_fmnist.yaml "0.01 0.1 1" $NL)
-  [ "$lr" != none ] && run $name configs/fedavg_fmnist.yaml $NL --optimizer.lr $lr --run.checkpoint_every 0
+  lr_rule_run $name configs/fedavg_fmnist.yaml --partition.labels_per_client 2 --partition.share_fraction $beta --model.hidden_units ${HIDDEN:-512}
 done
