@@ -48,6 +48,10 @@ class DataConfig:
             ``fsdd/recordings`` under ``root`` and then each of ``offline_roots``.
         mfcc_mels: mel bands the 16 MFCCs are taken from (speech corpora only; 50 frames x 16
             coefficients per 1 s clip whatever its value). Changing it recomputes the cache.
+        image_pack: an ``.npz`` written by ``python -m fl_lightning.data.image_pack`` (every
+            image as JPEG bytes, CIFAR-10 in about 36 MB): read instead of the files above, e.g.
+            on a machine that has no copy of the data set. Lossy: meant for copies that are
+            lossy already (shared/data's CIFAR-10); the pack records how much it changed them.
         image_size: resize every image to image_size x image_size (bilinear) after loading;
             ATHENA-FL extends MNIST/FMNIST to 32x32 (Section 5). Unset: the native size.
     """
@@ -64,6 +68,7 @@ class DataConfig:
     speech_commands_version: Literal["speech_commands_v0.01", "speech_commands_v0.02"] = "speech_commands_v0.01"
     fsdd_dir: Optional[str] = None
     mfcc_mels: int = 40
+    image_pack: Optional[str] = None
     image_size: Optional[int] = None
 
 

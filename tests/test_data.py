@@ -97,3 +97,59 @@ def test_svhn_from_torchvision_mat_files(tmp_path):
 def test_missing_svhn_names_the_folder(tmp_path):
     with pytest.raises(DataNotFoundError, match="SVHN"):
         load_dataset(DataConfig(name="svhn", root=str(tmp_path), offline_roots=[]))
+
+
+def smooth_images(n, channels, seed):
+    """Images JPEG codes closely (smooth gradients plus a per-image offset), uint8 NCHW."""
+    ramp = torch.linspace(0, 200, 32)
+    base = (ramp.view(1, 32) + ramp.view(32, 1)) / 2
+    offsets = torch.randint(0, 50, (n, channels, 1, 1), generator=torch.Generator().manual_seed(seed))
+    return (base.expand(n, channels, 32, 32) + offsets).round().to(torch.uint8)
+
+
+def test_image_pack_round_trip_keeps_labels_order_and_pixels_close(tmp_path):
+    from fl_lightning.data import image_pack
+
+    train = (smooth_images(7, 3, 0), torch.tensor([3, 1, 4, 1, 5, 9, 2]))
+    test = (smooth_images(3, 3, 1), torch.tensor([6, 5, 3]))
+    header = image_pack.write(tmp_path / "c.npz", "cifar10", train, test, quality=90)
+
+    (tx, ty), (vx, vy) = image_pack.read(tmp_path / "c.npz", "cifar10")
+
+    assert tx.dtype == torch.uint8 and tx.shape == (7, 3, 32, 32) and vx.shape == (3, 3, 32, 32)
+    assert ty.tolist() == [3, 1, 4, 1, 5, 9, 2] and vy.tolist() == [6, 5, 3]
+    change = float((tx.int() - train[0].int()).abs().float().mean())
+    assert change < 2.0  # JPEG is lossy, but image i is still image i
+    assert header["mean_abs_change"]["train"] == pytest.approx(change)
+    # each decoded image is nearest to its own original, so no image moved to another position
+    distances = torch.cdist(tx.flatten(1).float(), train[0].flatten(1).float())
+    assert distances.argmin(dim=1).tolist() == list(range(7))
+
+
+def test_load_dataset_reads_an_image_pack_instead_of_files(tmp_path):
+    from fl_lightning.data import image_pack
+
+    train = (smooth_images(6, 3, 2), torch.arange(6) % 10)
+    test = (smooth_images(4, 3, 3), torch.arange(4))
+    image_pack.write(tmp_path / "pack.npz", "cifar10", train, test)
+    cfg = DataConfig(name="cifar10", root=str(tmp_path / "none"), offline_roots=[], image_pack=str(tmp_path / "pack.npz"))
+
+    data = load_dataset(cfg)
+
+    assert data.train_x.shape == (6, 3, 32, 32) and data.test_y.tolist() == [0, 1, 2, 3]
+    assert data.pixel_mean == (0.4914, 0.4822, 0.4465)
+
+
+def test_image_pack_of_another_data_set_or_missing_file_is_refused_by_name(tmp_path):
+    from fl_lightning.data import DataFormatError, image_pack
+
+    image_pack.write(tmp_path / "m.npz", "mnist", (smooth_images(2, 1, 0), torch.tensor([0, 1])),
+                     (smooth_images(1, 1, 1), torch.tensor([2])))
+    assert image_pack.read(tmp_path / "m.npz", "mnist")[0][0].shape == (2, 1, 32, 32)
+    with pytest.raises(DataFormatError, match="holds 'mnist', but data.name is 'cifar10'"):
+        load_dataset(DataConfig(name="cifar10", offline_roots=[], image_pack=str(tmp_path / "m.npz")))
+    with pytest.raises(DataNotFoundError, match="data.image_pack=.*missing.npz"):
+        load_dataset(DataConfig(name="cifar10", offline_roots=[], image_pack=str(tmp_path / "missing.npz")))
+    (tmp_path / "junk.npz").write_bytes(b"not a pack")
+    with pytest.raises(DataFormatError, match="is not an image pack"):
+        load_dataset(DataConfig(name="cifar10", offline_roots=[], image_pack=str(tmp_path / "junk.npz")))

@@ -109,19 +109,11 @@ def load_dataset(cfg: DataConfig) -> FederatedDataset:
 def _load_whole(cfg: DataConfig) -> FederatedDataset:
     if cfg.name == "synthetic":
         return synthetic_dataset(cfg.synthetic_size)
-    root = Path(cfg.root or default_data_root()).expanduser()
     if cfg.name in ("speech_commands", "fsdd"):
         from fl_lightning.data.speech import load_speech  # MFCC features, cached (docs/kws.md)
 
-        return load_speech(cfg, root)
-    if cfg.name in ("fashion_mnist", "mnist"):
-        train, test = _load_mnist_like(cfg, root)
-    elif cfg.name == "cifar10":
-        train, test = _load_cifar10(cfg, root)
-    elif cfg.name == "svhn":
-        train, test = _load_svhn(cfg, root)
-    else:  # pragma: no cover - the Literal type rejects it first
-        raise ValueError(f"data.name={cfg.name!r} is unknown")
+        return load_speech(cfg, Path(cfg.root or default_data_root()).expanduser())
+    train, test = load_uint8_splits(cfg)
     mean, std = _NORMALISATION[cfg.name]
     return FederatedDataset(
         cfg.name,
@@ -133,6 +125,29 @@ def _load_whole(cfg: DataConfig) -> FederatedDataset:
         pixel_mean=mean,
         pixel_std=std,
     )
+
+
+def load_uint8_splits(cfg: DataConfig) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """The image set's (uint8 (N, C, H, W) images, int64 labels), training and test, from
+    ``data.image_pack`` when set, else from torchvision's files."""
+    if cfg.name not in _SAMPLE_SHAPES:
+        raise ValueError(f"data.name={cfg.name!r} is not an image set of files ({sorted(_SAMPLE_SHAPES)})")
+    if cfg.image_pack:
+        from fl_lightning.data import image_pack
+
+        try:
+            train, test = image_pack.read(cfg.image_pack, cfg.name)
+        except FileNotFoundError as err:
+            raise DataNotFoundError(str(err)) from err
+        except image_pack.ImagePackError as err:
+            raise DataFormatError(str(err)) from err
+        return _checked(cfg.name, Path(cfg.image_pack), train, test)
+    root = Path(cfg.root or default_data_root()).expanduser()
+    if cfg.name in ("fashion_mnist", "mnist"):
+        return _load_mnist_like(cfg, root)
+    if cfg.name == "cifar10":
+        return _load_cifar10(cfg, root)
+    return _load_svhn(cfg, root)
 
 
 def _standardise(images_uint8: Tensor, mean, std) -> Tensor:
