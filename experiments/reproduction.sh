@@ -1,6 +1,7 @@
 #!/bin/bash
 # The runs behind the README's reproduction table (reports/reproduction/cells.yaml), at the
-# budget the machine allows: SEEDS (default "0"), E (FedOV's local epochs, default 20; paper 200),
+# budget the machine allows: SEEDS (default "0"), E (FedOV's local epochs, default 20; paper 200;
+# runs at another E are named with _e<E>, e.g. fmnist_C1_fedov_e200),
 # ROUNDS (Table II, default 10; paper 50-200). Each run lands in
 # reports/reproduction/runs/<name>/seed<S>/ and only its summary.json is kept (the config, the
 # per-round history and the final accuracy are in it). Finished runs are skipped. ONLY=<regex>
@@ -36,12 +37,13 @@ C1="--partition.scheme num_labels --partition.labels_per_client 1"
 C2="--partition.scheme num_labels --partition.labels_per_client 2"
 D05="--partition.scheme dirichlet --partition.dirichlet_beta 0.5"
 FEDOV="--federation.local_epochs $E"
+E_TAG=$([ "$E" = 20 ] || echo "_e$E")  # runs at another E than 20 get names of their own (e.g. _e200)
 
 # FedOV Table 1 (FedOV and close-set voting, same epochs, optimizer and seeds)
 for data in fmnist mnist; do
   for part in C1 C2 D05; do
-    run ${data}_${part}_closeset configs/fedov_${data}.yaml ${!part} $FEDOV --algorithm CloseSetVoting
-    run ${data}_${part}_fedov configs/fedov_${data}.yaml ${!part} $FEDOV
+    run ${data}_${part}_closeset$E_TAG configs/fedov_${data}.yaml ${!part} $FEDOV --algorithm CloseSetVoting
+    run ${data}_${part}_fedov$E_TAG configs/fedov_${data}.yaml ${!part} $FEDOV
   done
 done
 # FIM-L-BFGS Table II, IID FMNIST: FedAvg-SGD and the client-side reading (FedAvg whose clients
@@ -97,19 +99,19 @@ if [[ fmnist_iid_fim_server =~ ${ONLY:-.} ]]; then
   [ "$eta" != none ] && run fmnist_iid_fim_server configs/fimlbfgs_fmnist.yaml --federation.rounds $ROUNDS $WINDOW --algorithm.step_size $eta
 fi
 # Table 1's one-round baselines on FMNIST #C=2 (NIID-Bench: sample-weighted averaging, FedProx μ 0.01)
-run fmnist_C2_fedavg configs/fedavg_oneshot_fmnist.yaml $C2 $FEDOV
-run fmnist_C2_fedprox configs/fedprox_oneshot_fmnist.yaml $C2 $FEDOV --algorithm.mu 0.01
-run fmnist_C2_fednova configs/fednova_oneshot_fmnist.yaml $C2 $FEDOV
-run fmnist_C2_scaffold configs/scaffold_oneshot_fmnist.yaml $C2 $FEDOV
+run fmnist_C2_fedavg$E_TAG configs/fedavg_oneshot_fmnist.yaml $C2 $FEDOV
+run fmnist_C2_fedprox$E_TAG configs/fedprox_oneshot_fmnist.yaml $C2 $FEDOV --algorithm.mu 0.01
+run fmnist_C2_fednova$E_TAG configs/fednova_oneshot_fmnist.yaml $C2 $FEDOV
+run fmnist_C2_scaffold$E_TAG configs/scaffold_oneshot_fmnist.yaml $C2 $FEDOV
 # the one-shot baselines with public data (accuracy on the second test half; FedKT's teachers get
 # FedOV's E, its students and final model the authors' 100 epochs on the public half)
-run fmnist_C2_feddf configs/feddf_oneshot_fmnist.yaml $C2 $FEDOV
-run fmnist_C2_fedkt configs/fedkt_oneshot_fmnist.yaml $C2 $FEDOV
+run fmnist_C2_feddf$E_TAG configs/feddf_oneshot_fmnist.yaml $C2 $FEDOV
+run fmnist_C2_fedkt$E_TAG configs/fedkt_oneshot_fmnist.yaml $C2 $FEDOV
 # Table 3: Distilled FedOV on FMNIST Dir(0.5) (student: 100 epochs on the first test half)
-run fmnist_D05_fedov_distilled configs/fedov_fmnist.yaml $D05 $FEDOV --algorithm.distill true
+run fmnist_D05_fedov_distilled$E_TAG configs/fedov_fmnist.yaml $D05 $FEDOV --algorithm.distill true
 # Table 2 ablation, FMNIST #C=1
-run fmnist_C1_proser configs/fedov_fmnist.yaml $C1 $FEDOV --algorithm.destruction_weight 0 --algorithm.adversarial_weight 0
-run fmnist_C1_proser_dd configs/fedov_fmnist.yaml $C1 $FEDOV --algorithm.adversarial_weight 0
+run fmnist_C1_proser$E_TAG configs/fedov_fmnist.yaml $C1 $FEDOV --algorithm.destruction_weight 0 --algorithm.adversarial_weight 0
+run fmnist_C1_proser_dd$E_TAG configs/fedov_fmnist.yaml $C1 $FEDOV --algorithm.adversarial_weight 0
 # FedOVA Table I, FMNIST non-IID-L (K = 100, C = 0.2, E = 5, B = 15, 100 rounds, final accuracy =
 # mean of the last 20 rounds as the paper states), with the paper's network (McMahan et al.'s CNN:
 # a 512-unit hidden layer). The paper states no learning rate: the same rule for FedOVA and FedAvg
@@ -128,21 +130,23 @@ for L in ${TABLE1_SETTINGS:-2}; do
     lr_rule_run $name configs/${method}_fmnist.yaml --partition.labels_per_client $L --model.hidden_units ${HIDDEN:-512}
   done
 done
-# FedOVA Table I on CIFAR-10 (non-IID-2, VGG-11, the rest as the FMNIST rows), only with
-# CIFAR_TABLE1=1: a round of VGG-11 costs about 12 min on a core, so it is GPU work
-# (experiments/reproduction_gpu.sh, TASKS=cifar). The configs' SGD with momentum 0.9; the same
-# rule for both methods with a grid one decade lower than FMNIST's ("0.001 0.01 0.1": momentum
-# 0.9 multiplies the step by about ten, and VGG-11 has no batch normalisation), fixed before any
-# CIFAR run. CIFAR_PACK: read the images from a data.image_pack file (python -m
-# fl_lightning.data.image_pack) instead of data.offline_roots.
-if [ "${CIFAR_TABLE1:-0}" = 1 ]; then
+# CIFAR-10, only with CIFAR=1 (GPU work: experiments/reproduction_gpu.sh, TASKS=cifar). CIFAR_PACK:
+# read the images from a data.image_pack file (python -m fl_lightning.data.image_pack) instead of
+# data.offline_roots. FedOVA Table I (non-IID-2, VGG-11, the rest as the FMNIST rows; a round of
+# VGG-11 costs about 12 min on a core): the configs' SGD with momentum 0.9, and the same rule for
+# both methods with a grid one decade lower than FMNIST's ("0.001 0.01 0.1": momentum 0.9
+# multiplies the step by about ten, and VGG-11 has no batch normalisation), fixed before any
+# CIFAR run. Then FedOV Table 1's #C=2 cell (FedOV and close-set voting at E local epochs).
+if [ "${CIFAR:-0}" = 1 ]; then
+  pack=${CIFAR_PACK:+--data.image_pack $CIFAR_PACK}
   for method in fedova fedavg; do
     name=cifar_n2_${method}_vgg11
     [[ $name =~ ${ONLY:-.} ]] || continue
-    pack=${CIFAR_PACK:+--data.image_pack $CIFAR_PACK}
     lr=$(select_lr $name configs/${method}_cifar.yaml "0.001 0.01 0.1" $pack)
     [ "$lr" != none ] && run $name configs/${method}_cifar.yaml $pack --optimizer.lr $lr --run.checkpoint_every 0
   done
+  run cifar_C2_closeset$E_TAG configs/fedov_cifar.yaml $C2 $FEDOV --algorithm CloseSetVoting $pack
+  run cifar_C2_fedov$E_TAG configs/fedov_cifar.yaml $C2 $FEDOV $pack
 fi
 # FedOVA Table II's data-sharing baseline (Zhao et al. 2018), FMNIST non-IID-2: FedAvg whose
 # clients all hold the same random global subset of β·|D_k| extra samples; Table I's setting and

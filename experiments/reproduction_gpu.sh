@@ -5,20 +5,25 @@
 #   table1       FedOVA Table I: FedOVA and FedAvg on FMNIST non-IID-2/3/5, 100 rounds, the
 #                paper's network with a 512-unit hidden layer, over SEEDS (default "0 1 2");
 #   datasharing  Table II's data-sharing baseline (FedAvg, β = 5 / 10 %) over SEEDS;
-#   cifar        FedOVA Table I on CIFAR-10 (FedOVA and FedAvg, VGG-11, non-IID-2) over SEEDS,
-#                images from the data.image_pack file CIFAR_PACK (default .gpucifar/cifar10_q75.npz).
-# The Fashion-MNIST tasks read the *.gz in GZ (default .gpudata). The carry limit (64 MiB) holds
-# the wheels and either the Fashion-MNIST files (30 MiB) or the CIFAR-10 pack (36 MiB), not both:
-# run "cifar" in a call of its own. The learning rates come from the committed selection runs
+#   fedov        FedOV Table 1 at the paper's FEDOV_E (default 200) local epochs: FedOV and
+#                close-set voting on FMNIST and MNIST, #C=1 / #C=2 / Dir(0.5), over SEEDS (runs
+#                named *_e200; about 2 min each on an H100, bench/gpu_check.sh);
+#   cifar        CIFAR-10: FedOVA Table I (FedOVA and FedAvg, VGG-11, non-IID-2), then FedOV
+#                Table 1's #C=2 cell at FEDOV_E, over SEEDS, images from the data.image_pack file
+#                CIFAR_PACK (default .gpucifar/cifar10_q75.npz).
+# Fashion-MNIST is read from the *.gz in GZ (default .gpudata), MNIST from the *.gz in MNIST_GZ
+# (default .gpumnist; gzip ../shared/data/MNIST/raw/* there). The carry limit (64 MiB) holds the
+# wheels and the two MNIST sets (41 MiB) or the CIFAR-10 pack (36 MiB), not both: run "cifar" in
+# a call of its own. The learning rates come from the committed selection runs
 # (experiments/reproduction.sh's rule; a setting without them runs its own, one round per grid
-# point). New runs start only while BUDGET_S (default 480) seconds have not passed and each run
-# stops after RUN_TIMEOUT_S (default 300), so the archive always comes back; partial is fine:
+# point). New runs start only while BUDGET_S (default 480) seconds have not passed and every run
+# is stopped at DEADLINE_S (default 560), so the archive always comes back; partial is fine:
 # reproduction.sh skips finished runs next time. Runs keep the device and precision in their
 # summary.json (the cohort engine's results equal per-client training's up to float rounding,
 # tests/test_cohort.py). ACCELERATOR=cpu with EXTRA="--federation.rounds 1" is a smoke test here.
 # On the device (the wheels carried in .whl, the data in .gpudata or .gpucifar):
 #   OUT_TAR=$OUT/runs.tgz bash experiments/reproduction_gpu.sh
-#   OUT_TAR=$OUT/runs.tgz TASKS=cifar SEEDS=0 bash experiments/reproduction_gpu.sh
+#   OUT_TAR=$OUT/runs.tgz TASKS=cifar SEEDS=0 bash experiments/reproduction_gpu.sh   (carry .whl .gpucifar)
 # Back here: tar xzf runs.tgz, then
 #   python -m fl_lightning report --reproduction reports/reproduction/cells.yaml --readme README.md
 # (The CIFAR-10 pack: python -m fl_lightning.data.image_pack --data cifar10 --out .gpucifar/cifar10_q75.npz)
@@ -28,9 +33,23 @@ T=$(mktemp -d)
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$T" .whl/*.whl || exit 1
 fi
-export PYTHONPATH=$PWD:$T PYTHON="timeout ${RUN_TIMEOUT_S:-300} ${PYTHON:-python3}" PYTHONUNBUFFERED=1 WORKERS=1 FL_LIGHTNING_DATA=${FL_LIGHTNING_DATA:-/tmp/fl_data}
+# Every python call ends by start + DEADLINE_S (default 560: the archive is written inside the
+# device's 600-s call). timeout -k: a fit that is told to stop (SIGTERM) may finish its round first.
+export DEADLINE=$(( $(date +%s) + ${DEADLINE_S:-560} )) REAL_PYTHON=${PYTHON:-python3}
+cat > "$T/python_until_deadline" <<'SH'
+#!/bin/bash
+left=$(( DEADLINE - $(date +%s) ))
+[ "$left" -gt 5 ] || { echo "no time left before the deadline" >&2; exit 124; }
+exec timeout -k 10 "$left" $REAL_PYTHON "$@"
+SH
+chmod +x "$T/python_until_deadline"
+export PYTHONPATH=$PWD:$T PYTHON="$T/python_until_deadline" PYTHONUNBUFFERED=1 WORKERS=1 FL_LIGHTNING_DATA=${FL_LIGHTNING_DATA:-/tmp/fl_data}
 export EXTRA="--trainer.accelerator ${ACCELERATOR:-gpu} --data.idx_gz_dir ${GZ:-$PWD/.gpudata} ${EXTRA:-}"
 export LOGS=${LOGS:-/tmp/reproduction_logs}
+MNIST_RAW=$FL_LIGHTNING_DATA/MNIST/raw  # torchvision's layout under data.root: found before idx_gz_dir
+if ls "${MNIST_GZ:-$PWD/.gpumnist}"/*.gz > /dev/null 2>&1 && [ ! -d "$MNIST_RAW" ]; then
+  mkdir -p "$MNIST_RAW" && for f in "${MNIST_GZ:-$PWD/.gpumnist}"/*.gz; do gunzip -c "$f" > "$MNIST_RAW/$(basename "$f" .gz)"; done
+fi
 [ "${ACCELERATOR:-gpu}" != gpu ] || python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))" || exit 1
 start=$(date +%s)
 in_budget() { [ $(( $(date +%s) - start )) -lt "${BUDGET_S:-480}" ]; }
@@ -50,13 +69,22 @@ for task in ${TASKS:-table1 datasharing}; do
           in_budget || break 3
           SEEDS=$seed SHARE_FRACTIONS=$beta HIDDEN=${HIDDEN:-512} ONLY="^fmnist_n2_datasharing" bash experiments/reproduction.sh
         done ;;
+      fedov)
+        for data in fmnist mnist; do
+          for part in C1 C2 D05; do
+            for method in fedov closeset; do
+              in_budget || break 5
+              SEEDS=$seed E=${FEDOV_E:-200} ONLY="^${data}_${part}_${method}_e${FEDOV_E:-200}\$" bash experiments/reproduction.sh
+            done
+          done
+        done ;;
       cifar)
-        for method in fedova fedavg; do
+        for name in cifar_n2_fedova_vgg11 cifar_n2_fedavg_vgg11 cifar_C2_fedov_e${FEDOV_E:-200} cifar_C2_closeset_e${FEDOV_E:-200}; do
           in_budget || break 3
-          SEEDS=$seed CIFAR_TABLE1=1 CIFAR_PACK=${CIFAR_PACK:-$PWD/.gpucifar/cifar10_q75.npz} ONLY="^cifar_n2_${method}_" \
+          SEEDS=$seed CIFAR=1 E=${FEDOV_E:-200} CIFAR_PACK=${CIFAR_PACK:-$PWD/.gpucifar/cifar10_q75.npz} ONLY="^$name\$" \
             bash experiments/reproduction.sh
         done ;;
-      *) echo "unknown task $task (table1, datasharing, cifar)"; exit 1 ;;
+      *) echo "unknown task $task (table1, datasharing, fedov, cifar)"; exit 1 ;;
     esac
   done
 done
