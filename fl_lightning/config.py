@@ -49,7 +49,7 @@ class DataConfig:
         mfcc_mels: mel bands the 16 MFCCs are taken from (speech corpora only; 50 frames x 16
             coefficients per 1 s clip whatever its value). Changing it recomputes the cache.
         image_pack: an ``.npz`` written by ``python -m fl_lightning.data.image_pack`` (every
-            image as JPEG bytes, CIFAR-10 in about 36 MB): read instead of the files above, e.g.
+            image as JPEG bytes, CIFAR-10 in 37 MB): read instead of the files above, e.g.
             on a machine that has no copy of the data set. Lossy: meant for copies that are
             lossy already (shared/data's CIFAR-10); the pack records how much it changed them.
         image_size: resize every image to image_size x image_size (bilinear) after loading;

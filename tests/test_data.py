@@ -153,3 +153,17 @@ def test_image_pack_of_another_data_set_or_missing_file_is_refused_by_name(tmp_p
     (tmp_path / "junk.npz").write_bytes(b"not a pack")
     with pytest.raises(DataFormatError, match="is not an image pack"):
         load_dataset(DataConfig(name="cifar10", offline_roots=[], image_pack=str(tmp_path / "junk.npz")))
+
+
+def test_image_pack_with_corrupt_jpeg_bytes_is_refused_with_its_split_named(tmp_path):
+    from fl_lightning.data import DataFormatError, image_pack
+
+    image_pack.write(tmp_path / "c.npz", "cifar10", (smooth_images(2, 3, 0), torch.tensor([0, 1])),
+                     (smooth_images(1, 3, 1), torch.tensor([2])))
+    with np.load(tmp_path / "c.npz") as pack:
+        arrays = {key: pack[key] for key in pack.files}
+    arrays["test_jpeg"] = np.zeros_like(arrays["test_jpeg"])  # right length, not JPEG
+    with open(tmp_path / "c.npz", "wb") as f:
+        np.savez(f, **arrays)
+    with pytest.raises(DataFormatError, match="its test split cannot be read"):
+        load_dataset(DataConfig(name="cifar10", offline_roots=[], image_pack=str(tmp_path / "c.npz")))
