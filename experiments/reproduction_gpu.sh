@@ -7,7 +7,7 @@
 #   datasharing  Table II's data-sharing baseline (FedAvg, β = 5 / 10 %) over SEEDS;
 #   fedov        FedOV Table 1 at the paper's FEDOV_E (default 200) local epochs: FedOV and
 #                close-set voting on FMNIST and MNIST, #C=1 / #C=2 / Dir(0.5), over SEEDS (runs
-#                named *_e200; about 2 min each on an H100, bench/gpu_check.sh);
+#                named *_e200; bench/gpu_check.sh targets 2 min a run on an H100, not yet measured);
 #   cifar        CIFAR-10: FedOVA Table I (FedOVA and FedAvg, VGG-11, non-IID-2), then FedOV
 #                Table 1's #C=2 cell at FEDOV_E, over SEEDS, images from the data.image_pack file
 #                CIFAR_PACK (default .gpucifar/cifar10_q75.npz).
