@@ -30,6 +30,7 @@
 set -u
 cd "$(dirname "$0")/.."
 T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT  # the wheels and the deadline wrapper are needed only while it runs
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$T" .whl/*.whl || exit 1
 fi
