@@ -7,14 +7,16 @@ import pytest
 import torch
 
 from fl_lightning.config import DataConfig
-from fl_lightning.data import DataNotFoundError, load_dataset
+from fl_lightning.data import DataFormatError, DataNotFoundError, load_dataset
 
 
-def write_idx_gz(folder, n_train=12, n_test=5):
+def write_idx_gz(folder, n_train=12, n_test=5, pixel=None):
+    """Random images, or every pixel ``pixel`` (to give a set the mean of MNIST or Fashion-MNIST)."""
     rng = np.random.default_rng(0)
     folder.mkdir(parents=True)
     for prefix, n in (("train", n_train), ("t10k", n_test)):
-        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8) if pixel is None else \
+            np.full((n, 28, 28), pixel, dtype=np.uint8)
         labels = (np.arange(n) % 10).astype(np.uint8)
         with gzip.open(folder / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
             f.write(struct.pack(">IIII", 2051, n, 28, 28) + images.tobytes())
@@ -40,6 +42,20 @@ def test_missing_data_offline_says_what_to_do(tmp_path):
     cfg = DataConfig(name="mnist", root=str(tmp_path / "empty"), offline_roots=[str(tmp_path / "nowhere")])
     with pytest.raises(DataNotFoundError, match="data.download=true"):
         load_dataset(cfg)
+
+
+def test_fashion_mnist_files_given_to_an_mnist_run_are_refused_not_read_as_mnist(tmp_path):
+    write_idx_gz(tmp_path / "fashion", pixel=73)  # 73 / 255 = 0.286: Fashion-MNIST's mean pixel
+    cfg = DataConfig(name="mnist", root=str(tmp_path / "cache"), offline_roots=[], idx_gz_dir=str(tmp_path / "fashion"))
+    with pytest.raises(DataFormatError, match=r"mnist: the training images in .*MNIST/raw have mean pixel 0\.286, "
+                                              r"which is fashion_mnist's"):
+        load_dataset(cfg)
+    write_idx_gz(tmp_path / "digits", pixel=33)  # 0.129: MNIST's
+    assert load_dataset(DataConfig(name="mnist", root=str(tmp_path / "c2"), offline_roots=[],
+                                   idx_gz_dir=str(tmp_path / "digits"))).train_x.shape == (12, 1, 28, 28)
+    with pytest.raises(DataFormatError, match="the files are mnist's"):
+        load_dataset(DataConfig(name="fashion_mnist", root=str(tmp_path / "c3"), offline_roots=[],
+                                idx_gz_dir=str(tmp_path / "digits")))
 
 
 def test_incomplete_gz_folder_is_named(tmp_path):
