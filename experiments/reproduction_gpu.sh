@@ -8,9 +8,11 @@
 #   fedov        FedOV Table 1 at the paper's FEDOV_E (default 200) local epochs: FedOV and
 #                close-set voting on FMNIST and MNIST, #C=1 / #C=2 / Dir(0.5), over SEEDS (runs
 #                named *_e200; bench/gpu_check.sh targets 2 min a run on an H100, not yet measured);
-#   cifar        CIFAR-10: FedOVA Table I (FedOVA and FedAvg, VGG-11, non-IID-2), then FedOV
-#                Table 1's #C=2 cell at FEDOV_E, over SEEDS, images from the data.image_pack file
-#                CIFAR_PACK (default .gpucifar/cifar10_q75.npz).
+#   athena       ATHENA-FL Section 5.2.2: ATHENA-FL and FedAvg-MobileNet on MNIST and FMNIST (2
+#                classes per client) at ATHENA_ROUNDS (default 200, the paper's) rounds, over SEEDS;
+#   cifar        CIFAR-10: FedOVA Table I (FedOVA and FedAvg, VGG-11, non-IID-2), FedOV Table 1's
+#                #C=2 cell at FEDOV_E, then ATHENA-FL's cell (ATHENA_ROUNDS), over SEEDS, images
+#                from the data.image_pack file CIFAR_PACK (default .gpucifar/cifar10_q75.npz).
 # Fashion-MNIST is read from the *.gz in GZ (default .gpudata), MNIST from the *.gz in MNIST_GZ
 # (default .gpumnist; gzip ../shared/data/MNIST/raw/* there). The carry limit (64 MiB) holds the
 # wheels and the two MNIST sets (41 MiB) or the CIFAR-10 pack (36 MiB), not both: run "cifar" in
@@ -52,6 +54,8 @@ if ls "${MNIST_GZ:-$PWD/.gpumnist}"/*.gz > /dev/null 2>&1 && [ ! -d "$MNIST_RAW"
   mkdir -p "$MNIST_RAW" && for f in "${MNIST_GZ:-$PWD/.gpumnist}"/*.gz; do gunzip -c "$f" > "$MNIST_RAW/$(basename "$f" .gz)"; done
 fi
 [ "${ACCELERATOR:-gpu}" != gpu ] || python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))" || exit 1
+athena_rounds=${ATHENA_ROUNDS:-200}
+r_tag=$([ "$athena_rounds" = 200 ] || echo "_r$athena_rounds")  # reproduction.sh's names for ATHENA-FL's runs
 start=$(date +%s)
 in_budget() { [ $(( $(date +%s) - start )) -lt "${BUDGET_S:-480}" ]; }
 for task in ${TASKS:-table1 datasharing}; do
@@ -79,13 +83,21 @@ for task in ${TASKS:-table1 datasharing}; do
             done
           done
         done ;;
-      cifar)
-        for name in cifar_n2_fedova_vgg11 cifar_n2_fedavg_vgg11 cifar_C2_fedov_e${FEDOV_E:-200} cifar_C2_closeset_e${FEDOV_E:-200}; do
-          in_budget || break 3
-          SEEDS=$seed CIFAR=1 E=${FEDOV_E:-200} CIFAR_PACK=${CIFAR_PACK:-$PWD/.gpucifar/cifar10_q75.npz} ONLY="^$name\$" \
-            bash experiments/reproduction.sh
+      athena)
+        for data in mnist fmnist; do
+          for method in athena fedavg_mobilenet; do
+            in_budget || break 4
+            SEEDS=$seed ATHENA_ROUNDS=$athena_rounds ONLY="^${data}_C2_${method}$r_tag\$" bash experiments/reproduction.sh
+          done
         done ;;
-      *) echo "unknown task $task (table1, datasharing, fedov, cifar)"; exit 1 ;;
+      cifar)
+        for name in cifar_n2_fedova_vgg11 cifar_n2_fedavg_vgg11 cifar_C2_fedov_e${FEDOV_E:-200} cifar_C2_closeset_e${FEDOV_E:-200} \
+                    cifar_C2_athena$r_tag cifar_C2_fedavg_mobilenet$r_tag; do
+          in_budget || break 3
+          SEEDS=$seed CIFAR=1 E=${FEDOV_E:-200} ATHENA_ROUNDS=$athena_rounds CIFAR_PACK=${CIFAR_PACK:-$PWD/.gpucifar/cifar10_q75.npz} \
+            ONLY="^$name\$" bash experiments/reproduction.sh
+        done ;;
+      *) echo "unknown task $task (table1, datasharing, fedov, athena, cifar)"; exit 1 ;;
     esac
   done
 done

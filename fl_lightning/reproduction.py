@@ -133,7 +133,21 @@ def our_protocol(cell: Cell) -> str:
     hidden = {r.setting("model", "hidden_units", 0) for r in cell.records} - {0, None}
     if hidden:  # the network differs from the default one
         text += f", hidden layer {'/'.join(map(str, sorted(hidden)))}"
-    return text + (f"; {cell.differences}" if cell.differences else "")
+    return text + per_client_text(cell) + (f"; {cell.differences}" if cell.differences else "")
+
+
+def per_client_text(cell: Cell) -> str:
+    """For runs evaluated per client (``federation.per_client_eval``): each run's last mean over
+    clients with its 95 % interval, beside the global accuracy of the same round (ATHENA-FL's
+    paper reports the former). Empty when a run was not evaluated per client."""
+    parts = []
+    for record in cell.records:
+        last = next((m for m in reversed(record.history) if m.get("test/client_accuracy") is not None), None)
+        if last is None:
+            return ""
+        parts.append(f"{_fmt(100 * last['test/client_accuracy'])} ± {_fmt(100 * last['test/client_accuracy_ci95'])} "
+                     f"over {int(last['test/clients_evaluated'])} clients, global {_fmt(100 * last['test/accuracy'])}")
+    return "; per client at the last evaluation, mean ± 95 % CI: " + "; ".join(parts)
 
 
 def _fmt(value: Optional[float], digits: int = 1) -> str:

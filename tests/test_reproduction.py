@@ -121,3 +121,24 @@ def test_the_readme_table_and_headline_are_the_ones_the_committed_runs_give():
     assert reproduction.stale_blocks(cells, ROOT / "README.md") == [], (
         "README's reproduction table or headline is stale: run python -m fl_lightning report --reproduction "
         "reports/reproduction/cells.yaml --readme README.md")
+
+
+def test_runs_evaluated_per_client_show_the_interval_and_the_global_accuracy(tmp_path):
+    for seed, (clients, half) in enumerate([(0.50, 0.04), (0.46, 0.06)]):
+        run = tmp_path / "runs" / "athena" / f"seed{seed}"
+        fake_run(run, [0.30, 0.40], seed)
+        summary = json.loads((run / "summary.json").read_text())
+        summary["history"][-1].update({"test/client_accuracy": clients, "test/client_accuracy_ci95": half,
+                                       "test/clients_evaluated": 50})
+        (run / "summary.json").write_text(json.dumps(summary))
+    path = spec(tmp_path, """
+  - {id: a, paper: P, data: D, setting: S, method: ATHENA-FL, paper_value: 47.0, paper_protocol: x, runs: runs/athena,
+     metric: test/client_accuracy, differences: fewer rounds}
+  - {id: b, paper: P, data: D, setting: S, method: global, paper_value: 47.0, paper_protocol: x, runs: runs/athena}
+""")
+    a, b = [line.split(" | ") for line in reproduction.write(path).splitlines()[2:4]]
+    assert a[6] == "48.0 ± 2.8 (50.0, 46.0)"  # the cell's metric: the mean over clients
+    assert a[10].rstrip(" |").endswith("seeds 0, 1; per client at the last evaluation, mean ± 95 % CI: "
+                                       "50.0 ± 4.0 over 50 clients, global 40.0; 46.0 ± 6.0 over 50 clients, "
+                                       "global 40.0; fewer rounds")
+    assert b[6] == "40.0 ± 0.0 (40.0, 40.0)"
