@@ -3,9 +3,9 @@
 # budget the machine allows: SEEDS (default "0"), E (FedOV's local epochs, default 20; paper 200;
 # runs at another E are named with _e<E>, e.g. fmnist_C1_fedov_e200),
 # ROUNDS (Table II, default 10; paper 50-200), ATHENA_ROUNDS (ATHENA-FL's detector rounds and
-# FedAvg-MobileNet's rounds, default 10; paper 200; runs at another budget are named _r<R>). Each run lands in
-# reports/reproduction/runs/<name>/seed<S>/ and only its summary.json is kept (the config, the
-# per-round history and the final accuracy are in it). Finished runs are skipped. ONLY=<regex>
+# FedAvg-MobileNet's rounds, default 10; paper 200; runs at another budget are named _r<R>). Each
+# run lands in reports/reproduction/runs/<name>/seed<S>/ and only its summary.json is kept (the
+# config, the per-round history and the final accuracy are in it). Finished runs are skipped. ONLY=<regex>
 # runs the matching names; WORKERS (default 2) client processes per run; EXTRA: settings added to
 # every run (e.g. EXTRA="--trainer.accelerator gpu --data.idx_gz_dir .gpudata": the cohort engine
 # on a GPU, where FedOVA's 100 rounds took 32 s on an H100, bench/results/gpu); PYTHON (default

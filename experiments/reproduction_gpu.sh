@@ -9,7 +9,9 @@
 #                close-set voting on FMNIST and MNIST, #C=1 / #C=2 / Dir(0.5), over SEEDS (runs
 #                named *_e200; bench/gpu_check.sh targets 2 min a run on an H100, not yet measured);
 #   athena       ATHENA-FL Section 5.2.2: ATHENA-FL and FedAvg-MobileNet on MNIST and FMNIST (2
-#                classes per client) at ATHENA_ROUNDS (default 200, the paper's) rounds, over SEEDS;
+#                classes per client) at ATHENA_ROUNDS (default 200, the paper's) rounds, over SEEDS
+#                (two cores: ~1 min a round; no GPU time measured yet, and a run the deadline
+#                stops is lost: lower ATHENA_ROUNDS if one call cannot hold it);
 #   cifar        CIFAR-10: FedOVA Table I (FedOVA and FedAvg, VGG-11, non-IID-2), FedOV Table 1's
 #                #C=2 cell at FEDOV_E, then ATHENA-FL's cell (ATHENA_ROUNDS), over SEEDS, images
 #                from the data.image_pack file CIFAR_PACK (default .gpucifar/cifar10_q75.npz).
