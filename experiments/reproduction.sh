@@ -2,7 +2,8 @@
 # The runs behind the README's reproduction table (reports/reproduction/cells.yaml), at the
 # budget the machine allows: SEEDS (default "0"), E (FedOV's local epochs, default 20; paper 200;
 # runs at another E are named with _e<E>, e.g. fmnist_C1_fedov_e200),
-# ROUNDS (Table II, default 10; paper 50-200), ATHENA_ROUNDS (ATHENA-FL's detector rounds and
+# ROUNDS (Table II's budget, the same for every method, default 50; runs are named _r<ROUNDS>; the
+# paper reports 50-200 rounds to its target), ATHENA_ROUNDS (ATHENA-FL's detector rounds and
 # FedAvg-MobileNet's rounds, default 10; paper 200; runs at another budget are named _r<R>). Each
 # run lands in reports/reproduction/runs/<name>/seed<S>/ and only its summary.json is kept (the
 # config, the per-round history and the final accuracy are in it). Finished runs are skipped. ONLY=<regex>
@@ -16,7 +17,8 @@ cd "$(dirname "$0")/.."
 OUT=reports/reproduction/runs
 LOGS=${LOGS:-runs/reproduction_logs}
 E=${E:-20}
-ROUNDS=${ROUNDS:-10}
+ROUNDS=${ROUNDS:-50}
+T2=_r$ROUNDS  # Table II runs are named by their round budget (the one-round selection runs are shared)
 mkdir -p "$LOGS"
 run() {  # run NAME CONFIG [OVERRIDES...]
   local name=$1 config=$2; shift 2
@@ -75,12 +77,12 @@ PY
 WINDOW="--federation.final_window ${WINDOW_ROUNDS:-2}"  # final accuracy: mean of the last rounds, not of all ROUNDS
 if [[ fmnist_iid_fedavg_sgd =~ ${ONLY:-.} ]]; then
   lr=$(select_lr fmnist_iid_fedavg_sgd configs/fedavg_sgd_iid_fmnist.yaml "0.01 0.1 1")
-  [ "$lr" != none ] && run fmnist_iid_fedavg_sgd configs/fedavg_sgd_iid_fmnist.yaml --federation.rounds $ROUNDS $WINDOW --optimizer.lr $lr
+  [ "$lr" != none ] && run fmnist_iid_fedavg_sgd$T2 configs/fedavg_sgd_iid_fmnist.yaml --federation.rounds $ROUNDS $WINDOW --optimizer.lr $lr
 fi
 if [[ fmnist_iid_fim_client =~ ${ONLY:-.} ]]; then
   FIM="--optimizer.name fim_lbfgs --optimizer.momentum 0"
   lr=$(select_lr fmnist_iid_fim_client configs/fedavg_sgd_iid_fmnist.yaml "0.0001 0.001 0.01" $FIM)
-  [ "$lr" != none ] && run fmnist_iid_fim_client configs/fedavg_sgd_iid_fmnist.yaml --federation.rounds $ROUNDS $WINDOW $FIM --optimizer.lr $lr
+  [ "$lr" != none ] && run fmnist_iid_fim_client$T2 configs/fedavg_sgd_iid_fmnist.yaml --federation.rounds $ROUNDS $WINDOW $FIM --optimizer.lr $lr
 fi
 # Table II's other methods, same rule and budget (three points each, one round, round-1 training
 # loss): FedAvg-Adam's lr, FedDANE's mu (its local SGD at FedAvg-SGD's chosen lr) and the
@@ -88,16 +90,16 @@ fi
 # reads the loss its clients report in round 2, at the first updated model).
 if [[ fmnist_iid_fedavg_adam =~ ${ONLY:-.} ]]; then
   lr=$(select_lr fmnist_iid_fedavg_adam configs/fedavg_adam_iid_fmnist.yaml "0.0001 0.001 0.01")
-  [ "$lr" != none ] && run fmnist_iid_fedavg_adam configs/fedavg_adam_iid_fmnist.yaml --federation.rounds $ROUNDS $WINDOW --optimizer.lr $lr
+  [ "$lr" != none ] && run fmnist_iid_fedavg_adam$T2 configs/fedavg_adam_iid_fmnist.yaml --federation.rounds $ROUNDS $WINDOW --optimizer.lr $lr
 fi
 if [[ fmnist_iid_feddane =~ ${ONLY:-.} ]]; then
   sgd=$(select_lr fmnist_iid_fedavg_sgd configs/fedavg_sgd_iid_fmnist.yaml "0.01 0.1 1")  # done above: read back
   mu=$(KEY=algorithm.mu TAG=mu select_lr fmnist_iid_feddane configs/feddane_fmnist.yaml "0.001 0.01 0.1" --optimizer.lr $sgd)
-  [ "$mu" != none ] && run fmnist_iid_feddane configs/feddane_fmnist.yaml --federation.rounds $ROUNDS $WINDOW --optimizer.lr $sgd --algorithm.mu $mu
+  [ "$mu" != none ] && run fmnist_iid_feddane$T2 configs/feddane_fmnist.yaml --federation.rounds $ROUNDS $WINDOW --optimizer.lr $sgd --algorithm.mu $mu
 fi
 if [[ fmnist_iid_fim_server =~ ${ONLY:-.} ]]; then
   eta=$(KEY=algorithm.step_size TAG=eta SELECT_ROUNDS=2 select_lr fmnist_iid_fim_server configs/fimlbfgs_fmnist.yaml "0.0001 0.001 0.01")
-  [ "$eta" != none ] && run fmnist_iid_fim_server configs/fimlbfgs_fmnist.yaml --federation.rounds $ROUNDS $WINDOW --algorithm.step_size $eta
+  [ "$eta" != none ] && run fmnist_iid_fim_server$T2 configs/fimlbfgs_fmnist.yaml --federation.rounds $ROUNDS $WINDOW --algorithm.step_size $eta
 fi
 # Table 1's one-round baselines on FMNIST #C=2 (NIID-Bench: sample-weighted averaging, FedProx μ 0.01)
 run fmnist_C2_fedavg$E_TAG configs/fedavg_oneshot_fmnist.yaml $C2 $FEDOV
