@@ -39,6 +39,7 @@ PAPER_ACCURACY: dict[tuple[str, str, str, int], float] = {
 }
 
 SMOOTH_ROUNDS = 10  # the paper's curves: value at round t = mean of rounds t..t+9
+SMOOTH_ROUNDS_FROM = 3 * SMOOTH_ROUNDS  # runs shorter than this are plotted unsmoothed
 MAX_DETECTOR_PANELS = 6
 MAX_PARTITION_PANELS = 4
 MAX_HEATMAP_CLIENTS = 100
@@ -370,13 +371,16 @@ def _legend_with_points(ax) -> None:
 def plot_accuracy(records, labels, path: Path) -> Path:
     fig = _figure(8.5, 5.2)
     ax = fig.add_subplot()
+    longest = max((max(evaluated(rec.history)[0], default=0) for rec in records), default=0)
+    # A 10-round window over a 10-round run would flatten it into one number: short runs are drawn as measured.
+    width = SMOOTH_ROUNDS if longest >= SMOOTH_ROUNDS_FROM else 1
     for rec, label, color in zip(records, labels, _colors(len(records))):
         rounds, acc = evaluated(rec.history)
         if not rounds:
             continue
         pct = [100 * a for a in acc]
         ax.scatter(rounds, pct, s=12, alpha=0.35, color=color, linewidths=0)
-        ax.plot(rounds, smooth(rounds, pct), color=color, lw=2, label=label)
+        ax.plot(rounds, smooth(rounds, pct, width), color=color, lw=2, label=label)
         plot_client_band(ax, rec, color)
         paper = paper_accuracy(rec)
         if paper is not None:
@@ -385,7 +389,8 @@ def plot_accuracy(records, labels, path: Path) -> Path:
                         ha="left", va="bottom", fontsize=8, color=color)
     _legend_with_points(ax)
     ax.set(xlabel="communication round", ylabel="test accuracy (%)",
-           title=f"Test accuracy per round (lines: mean of rounds t..t+{SMOOTH_ROUNDS - 1})")
+           title=f"Test accuracy per round (lines: mean of rounds t..t+{width - 1})" if width > 1
+           else "Test accuracy per round")
     ax.grid(alpha=0.3)
     fig.savefig(path)
     return path
@@ -405,11 +410,27 @@ def plot_client_band(ax, rec: RunRecord, color) -> None:
                     alpha=0.15, linewidth=0)
 
 
+def _detector_id(key: str) -> tuple[int, ...]:
+    """FedOVA logs one detector per class (`test/detector_acc/3`), ATHENA-FL one per cluster and
+    class (`test/detector_acc/g1_c3`): the numbers in the name, for sorting."""
+    name = key.rsplit("/", 1)[1]
+    try:
+        return tuple(int(part.lstrip("gc")) for part in name.split("_"))
+    except ValueError:
+        raise ValueError(f"detector metric {key!r}: expected 'detector_acc/<class>' or "
+                         "'detector_acc/g<cluster>_c<class>'") from None
+
+
+def _detector_label(key: str) -> str:
+    ids = _detector_id(key)
+    return f"class {ids[0]}" if len(ids) == 1 else f"cluster {ids[0]}, class {ids[1]}"
+
+
 def plot_detectors(records, labels, path: Path) -> Optional[Path]:
     runs = []
     for rec, label in zip(records, labels):
         keys = sorted({k for m in rec.history for k in m if k.startswith("test/detector_acc/")},
-                      key=lambda k: int(k.rsplit("/", 1)[1]))
+                      key=_detector_id)
         if keys:
             runs.append((rec, label, keys))
     if not runs:
@@ -422,11 +443,10 @@ def plot_detectors(records, labels, path: Path) -> Optional[Path]:
     n_max = max(len(keys) for _, _, keys in shown)
     colors = _colors(n_max)
     for ax, (rec, label, keys) in zip(axes.flat, shown):
-        for key in keys:
-            c = int(key.rsplit("/", 1)[1])
+        for i, key in enumerate(keys):
             rounds, acc = evaluated(rec.history, key)
-            ax.plot(rounds, [100 * a for a in acc], color=colors[c], lw=1.3, marker="." if len(rounds) < 30 else None,
-                    label=f"class {c}")
+            ax.plot(rounds, [100 * a for a in acc], color=colors[i], lw=1.3, marker="." if len(rounds) < 30 else None,
+                    label=_detector_label(key))
         ax.axhline(100 * (1 - 1 / len(keys)), color="gray", ls=":", lw=1.2, label="always 'no'")
         ax.set(title=label, xlabel="communication round")
         ax.grid(alpha=0.3)

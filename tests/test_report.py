@@ -79,6 +79,28 @@ def test_a_summary_that_disagrees_with_its_history_is_flagged(runs, tmp_path):
     assert "final_accuracy" in rep.rows[0]["notes"]
 
 
+def test_per_cluster_detectors_are_drawn(runs, tmp_path):
+    """ATHENA-FL names its detectors by cluster and class (detector_acc/g<k>_c<c>)."""
+    athena = tmp_path / "athena"
+    shutil.copytree(runs / "ova", athena)
+    s = summary(athena)
+    for m in s["history"]:
+        for key in [k for k in m if "/detector_acc/" in k]:
+            c = int(key.rsplit("/", 1)[1])
+            m[key.replace(f"/{c}", f"/g{c // 2}_c{c}")] = m.pop(key)
+    (athena / "summary.json").write_text(json.dumps(s))
+
+    rep = report.build_report([athena], tmp_path / "athena_report")
+
+    assert rep.figures["detectors"].read_bytes().startswith(PNG)
+    keys = sorted({k for m in s["history"] for k in m if k.startswith("test/detector_acc/")}, key=report._detector_id)
+    assert keys[:3] == ["test/detector_acc/g0_c0", "test/detector_acc/g0_c1", "test/detector_acc/g1_c2"]
+    assert report._detector_label(keys[2]) == "cluster 1, class 2"
+    assert report._detector_label("test/detector_acc/7") == "class 7"
+    with pytest.raises(ValueError, match="detector_acc/x"):
+        report._detector_id("test/detector_acc/x")
+
+
 def test_smoothing_and_paper_lookup():
     assert report.smooth([5, 10, 15, 16], [1.0, 2.0, 3.0, 5.0]) == [1.5, 10 / 3, 4.0, 5.0]
     assert report.PAPER_ACCURACY[("fedova", "fashion_mnist", "non_iid_l", 2)] == 89.4
