@@ -13,7 +13,9 @@ points, every cell outside by name), so the README can only show what the commit
 
 A cell may also compare rounds (the FIM-L-BFGS journal's Table II): ``target_of`` names the
 cell whose final accuracy sets the target and ``target_fraction`` its fraction; the row then
-shows the first round each run reaches it (mean over seeds) beside the paper's rounds.
+shows the first round each run reaches it beside the paper's rounds, and the bytes the run
+exchanged (up + down, all clients) until then; a run that never reaches it shows its whole
+traffic as a lower bound.
 """
 
 from __future__ import annotations
@@ -119,6 +121,19 @@ def rounds_to(record: RunRecord, target: float) -> Optional[int]:
     return next((r for r, a in zip(rounds, acc) if 100.0 * a >= target), None)
 
 
+def bytes_until(record: RunRecord, last_round: Optional[int]) -> int:
+    """Bytes up + down, summed over the history's rounds up to ``last_round`` (None: all)."""
+    return int(sum(m.get("bytes/up", 0) + m.get("bytes/down", 0) for m in record.history
+                   if last_round is None or m["round"] <= last_round))
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
 def our_protocol(cell: Cell) -> str:
     """Epochs, rounds and seeds as the runs' saved configs have them."""
     def values(group: str, key: str) -> str:
@@ -173,7 +188,9 @@ def row(cell: Cell, by_id: dict[str, Cell]) -> list[str]:
             target = cell.target_fraction * reference.mean
             reached = [rounds_to(r, target) for r in cell.records]
             ours_rounds = ", ".join("not reached" if r is None else str(r) for r in reached)
-            ours_rounds = f"{ours_rounds} (target {target:.1f})"
+            traffic = ", ".join(("> " if r is None else "") + _fmt_bytes(bytes_until(record, r))
+                                for record, r in zip(cell.records, reached))
+            ours_rounds = f"{ours_rounds} (target {target:.1f}); bytes until then: {traffic}"
         rounds = f"{cell.paper_rounds if cell.paper_rounds is not None else '?'} / {ours_rounds}"
     else:
         rounds = ""
@@ -182,7 +199,7 @@ def row(cell: Cell, by_id: dict[str, Cell]) -> list[str]:
 
 
 HEADER = ["paper", "data", "setting", "method", "paper %", "paper's protocol", "ours % (mean ± std)", "Δ",
-          "within 3?", "rounds to target: paper / ours", "our protocol"]
+          "within 3?", "rounds to target: paper / ours (bytes up + down)", "our protocol"]
 
 
 def markdown(cells: list[Cell]) -> str:

@@ -85,8 +85,9 @@ def test_rounds_to_target_count_from_the_reference_cells_final_accuracy(tmp_path
      runs: runs/fast, target_of: ref, target_fraction: 0.975, paper_rounds: 50}
 """)
     fast = reproduction.write(path).splitlines()[3].split(" | ")
-    # target = 0.975 × 80.0 = 78.0: seed 0 first reaches it in round 2, seed 1 never (77.5 < 78)
-    assert fast[9] == "50 / 2, not reached (target 78.0)"
+    # target = 0.975 × 80.0 = 78.0: seed 0 first reaches it in round 2, seed 1 never (77.5 < 78);
+    # each round moves 10 bytes up and 5 down, so 2 rounds cost 30 and seed 1's 3 rounds more than 45
+    assert fast[9] == "50 / 2, not reached (target 78.0); bytes until then: 30 B, > 45 B"
 
 
 def test_the_readme_block_is_replaced_and_bad_specs_are_named(tmp_path):
