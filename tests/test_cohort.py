@@ -28,10 +28,11 @@ def smooth_simple_cnn(**kwargs) -> nn.Module:
     smooth network that difference stays at rounding level through training. With ReLU and
     max pooling it does not: a rounding difference that moves a pre-activation across 0, or
     reorders two near-equal values of a pooling window, changes a gradient by a finite jump
-    that the following steps carry forward (after two rounds: 3e-8 on one CPU, up to 0.08 on
-    another, depending on the kernels the CPU gets). No fixed tolerance separates that from a
-    real error on every machine, so the exact comparisons run on this network and the
-    papers' CNN is checked on one step (``test_cohort_steps_the_papers_cnn_like_per_client``)."""
+    that the following steps carry forward (after two rounds of FedProx: below 1e-5 on one
+    CPU, 0.08 on an AMD EPYC, whose kernels round otherwise). No fixed tolerance separates a
+    jump from a real error on every machine, so the exact comparisons run on this network
+    and the papers' CNN is checked on one step
+    (``test_cohort_steps_the_papers_cnn_like_per_client``)."""
     network = SimpleCNN(**kwargs)
     for block in (network.features, network.head):
         for i, layer in enumerate(block):
