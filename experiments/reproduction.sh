@@ -6,7 +6,9 @@
 # paper reports 50-200 rounds to its target), ATHENA_ROUNDS (ATHENA-FL's detector rounds and
 # FedAvg-MobileNet's rounds, default 10; paper 200; runs at another budget are named _r<R>). Each
 # run lands in reports/reproduction/runs/<name>/seed<S>/ and only its summary.json is kept (the
-# config, the per-round history and the final accuracy are in it). Finished runs are skipped. ONLY=<regex>
+# config, the per-round history and the final accuracy are in it). Finished runs are skipped. A run in
+# which every client diverges ends there and is kept (federation.on_divergence stop): the table shows
+# that seed as diverged, and its accuracy is in no mean. ONLY=<regex>
 # runs the matching names; WORKERS (default 2) client processes per run; EXTRA: settings added to
 # every run (e.g. EXTRA="--trainer.accelerator gpu --data.idx_gz_dir .gpudata": the cohort engine
 # on a GPU, where FedOVA's 100 rounds took 32 s on an H100, bench/results/gpu); PYTHON (default
@@ -29,7 +31,8 @@ run() {  # run NAME CONFIG [OVERRIDES...]
     echo "$(date +%T) $name seed $seed"
     mkdir -p "$(dirname "$LOGS/$name")"
     if ${PYTHON:-.venv/bin/python} -m fl_lightning fit --config "$config" --seed "$seed" --run.dir "$dir" --run.logger none \
-         --run.progress false --trainer.workers "${WORKERS:-2}" ${EXTRA:-} "$@" > "$LOGS/${name}_seed$seed.log" 2>&1; then
+         --run.progress false --trainer.workers "${WORKERS:-2}" --federation.on_divergence stop ${EXTRA:-} "$@" \
+         > "$LOGS/${name}_seed$seed.log" 2>&1; then
       find "$dir" -mindepth 1 -maxdepth 1 ! -name summary.json -exec rm -rf {} +
     else
       echo "FAILED $name seed $seed (see $LOGS/${name}_seed$seed.log)"; rm -rf "$dir"
@@ -67,8 +70,9 @@ folder, name, tag, rounds, grid = Path(sys.argv[1]), sys.argv[2], sys.argv[3], i
 losses = {}
 for lr in grid:
     path = folder / f"{name}_{tag}{lr}" / "seed0" / "summary.json"
-    if path.is_file():
-        loss = json.loads(path.read_text())["history"][rounds - 1].get("train/loss")
+    history = json.loads(path.read_text())["history"] if path.is_file() else []
+    if len(history) >= rounds:  # else it diverged before (federation.on_divergence stop)
+        loss = history[rounds - 1].get("train/loss")
         if loss is not None and math.isfinite(loss):
             losses[lr] = loss
 print(min(losses, key=losses.get) if losses else "none")

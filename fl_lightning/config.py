@@ -179,6 +179,11 @@ class FederationConfig:
             classes it holds, weighted like its training data), and report the mean over
             clients with a 95 % Student-t confidence interval (fl_lightning.per_client_eval), as
             ATHENA-FL reports its accuracies.
+        on_divergence: a round in which every client diverged (non-finite parameters or
+            loss, e.g. too large a step): ``error`` (default) stops the run with a
+            FloatingPointError; ``stop`` ends it there as a result, the way a study records
+            a diverged seed: summary.json gets ``diverged`` (the round and the clients'
+            reasons), no final accuracy, and the history of the rounds before.
     """
 
     rounds: int = 100
@@ -191,6 +196,7 @@ class FederationConfig:
     round_retries: int = 0
     client_timeout: Optional[float] = None
     per_client_eval: bool = False
+    on_divergence: Literal["error", "stop"] = "error"
 
 
 @dataclass

@@ -34,10 +34,10 @@ GPU_EVAL_BATCH = 5000  # a GPU evaluates the test set in two launches per model 
 # Settings that may differ between a checkpoint and the run resuming it.
 _RESUMABLE_CHANGES = {"federation.rounds", "run", "trainer", "data.root", "data.offline_roots", "data.idx_gz_dir",
                       "data.download", "data.speech_commands_dir", "data.fsdd_dir", "federation.eval_every", "ckpt_path",
-                      "federation.per_client_eval"}
+                      "federation.per_client_eval", "federation.on_divergence"}
 # Settings added after checkpoints were written: a checkpoint without one matches its default.
 _ADDED_SETTINGS = {"model.hidden_units": 0, "optimizer.history": 10, "optimizer.damping": 1e-3,
-                   "optimizer.max_step_norm": None}
+                   "optimizer.max_step_norm": None, "federation.on_divergence": "error"}
 
 
 class Federation:
@@ -208,11 +208,20 @@ class Federation:
         started = time.perf_counter()
         for cb in self.callbacks:
             cb.on_fit_start(self)
+        diverged = None
         try:
             for round_index in range(self.round + 1, self.federation.rounds + 1):
                 if self.strategy.is_finished(self.state):
                     break
-                metrics = self.run_round(round_index, executor)
+                try:
+                    metrics = self.run_round(round_index, executor)
+                except FloatingPointError as err:  # every client of the round diverged
+                    if self.federation.on_divergence != "stop":
+                        raise
+                    print(f"round {round_index}: every client diverged; the run ends here "
+                          "(federation.on_divergence=stop)", file=sys.stderr)
+                    diverged = {"round": round_index, "reason": str(err)}
+                    break
                 self.round = round_index
                 self.history.append(metrics)
                 for cb in self.callbacks:
@@ -220,6 +229,8 @@ class Federation:
         finally:
             executor.close()
         summary = self.summary(time.perf_counter() - started)
+        if diverged is not None:  # the rounds before it are no final accuracy of the run
+            summary.update(final_accuracy=None, diverged=diverged)
         for cb in self.callbacks:
             cb.on_fit_end(self, summary)
         self.write_summary(summary)

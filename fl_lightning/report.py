@@ -65,6 +65,7 @@ class RunRecord:
     wall_time_s: Optional[float]
     checkpoint_accuracy: Optional[float] = None
     notes: list[str] = field(default_factory=list)
+    diverged: Optional[dict] = None  # {"round", "reason"}: every client diverged there (on_divergence=stop)
 
     @property
     def checkpoint(self) -> Path:
@@ -141,7 +142,10 @@ def load_run(run_dir: str | Path) -> RunRecord:
         config, history = s.get("config") or {}, s.get("history") or []
         record = RunRecord(run_dir, "summary.json", s.get("algorithm") or algorithm_name(config), config, history,
                            int(s["rounds"]), s.get("final_accuracy"), int(s.get("final_window") or 0),
-                           s.get("last_accuracy"), int(s.get("bytes_total") or 0), s.get("wall_time_s"))
+                           s.get("last_accuracy"), int(s.get("bytes_total") or 0), s.get("wall_time_s"),
+                           diverged=s.get("diverged"))
+        if record.diverged:
+            record.notes.append(f"diverged in round {record.diverged['round']}: no final accuracy")
         check_summary(record)
         return record
     from fl_lightning.checkpoint import load_checkpoint
@@ -160,6 +164,8 @@ def check_summary(record: RunRecord) -> None:
     disagreement with summary.json."""
     window = int(record.setting("federation", "final_window", record.final_window or 20))
     final, _, last = final_from_history(record.history, window)
+    if record.diverged:
+        final = None  # a diverged run has none, whatever the rounds before it scored
     for name, stored, recomputed in (("final_accuracy", record.final_accuracy, final),
                                      ("last_accuracy", record.last_accuracy, last),
                                      ("bytes_total", record.bytes_total, bytes_from_history(record.history))):

@@ -4,7 +4,9 @@
 
 ``cells.yaml`` lists every paper cell the project can run: the paper's figure and protocol,
 and the folder of our runs (one run directory per seed, ``summary.json`` + nothing else is
-needed). Our figure is the mean ± sample standard deviation of the runs' final accuracies; our
+needed; a run still training has none and is left out). Our figure is the mean ± sample
+standard deviation of the runs' final accuracies; a seed in which every client diverged
+(``federation.on_divergence: stop``) has none: the cell names it and its mean leaves it out. Our
 protocol (epochs, rounds, seeds) is read from the runs' saved configs, never typed; what the
 configs cannot say (a different corpus, the data copy) is the cell's ``differences`` text. A
 cell without runs says why (``missing``). With ``--readme`` the table between the README's
@@ -59,9 +61,19 @@ class Cell:
 
     @property
     def accuracies(self) -> list[float]:
+        """Final accuracies (%) of the runs that did not diverge (``diverged`` lists the others)."""
         if not self.metric:
             return [100.0 * r.final_accuracy for r in self.records if r.final_accuracy is not None]
-        return [100.0 * last_value(r, self.metric) for r in self.records]
+        return [100.0 * last_value(r, self.metric) for r in self.records if not r.diverged]
+
+    @property
+    def diverged(self) -> list[RunRecord]:
+        return [r for r in self.records if r.diverged]
+
+    def off_by_more(self) -> bool:
+        """Not a reproduction: the mean is more than WITHIN_POINTS from the paper's figure, or
+        a seed diverged (the paper's method does not; its mean would read better than the runs)."""
+        return self.mean is None or bool(self.diverged) or abs(self.mean - self.paper_value) > WITHIN_POINTS
 
     @property
     def mean(self) -> Optional[float]:
@@ -102,7 +114,9 @@ def load_cells(spec: str | Path) -> list[Cell]:
         if cell.runs:
             folder = spec.parent / cell.runs
             started = folder.is_dir() and any(is_run_dir(c) for c in folder.iterdir())
-            cell.records = [load_run(d) for d in expand_run_dirs([folder])] if started else []
+            # finished runs only: one still training has a checkpoint but no summary.json yet
+            cell.records = ([load_run(d) for d in expand_run_dirs([folder]) if (Path(d) / "summary.json").is_file()]
+                            if started else [])
         if not cell.records and not cell.missing:
             raise ValueError(f"{spec}: cell {cell.id!r} has no runs under {cell.runs or '(no runs: key)'} "
                              "and no 'missing:' reason")
@@ -157,16 +171,28 @@ def _fmt(value: Optional[float], digits: int = 1) -> str:
     return "—" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
+def _seed(record: RunRecord) -> int:
+    return int(record.config.get("seed", 0))
+
+
+def diverged_text(cell: Cell) -> str:
+    return "; ".join(f"seed {_seed(r)} diverged in round {r.diverged['round']}" for r in cell.diverged)
+
+
 def row(cell: Cell, by_id: dict[str, Cell]) -> list[str]:
     if not cell.records:
         ours, delta, within, protocol = "not run", "", "", cell.missing
     else:
-        ours = _fmt(cell.mean) + (f" ± {_fmt(cell.std)}" if cell.std is not None else "")
-        if len(cell.accuracies) > 1:
-            ours += " (" + ", ".join(_fmt(a) for a in cell.accuracies) + ")"
-        d = cell.mean - cell.paper_value
-        delta = f"{round(d, 1) + 0.0:+.1f}"  # + 0.0: no "-0.0"
-        within = "yes" if abs(d) <= WITHIN_POINTS else "**no**"
+        if cell.mean is None:
+            ours, delta = "no final accuracy", ""
+        else:
+            ours = _fmt(cell.mean) + (f" ± {_fmt(cell.std)}" if cell.std is not None else "")
+            if len(cell.accuracies) > 1:
+                ours += " (" + ", ".join(_fmt(a) for a in cell.accuracies) + ")"
+            delta = f"{round(cell.mean - cell.paper_value, 1) + 0.0:+.1f}"  # + 0.0: no "-0.0"
+        if cell.diverged:
+            ours += f"; {diverged_text(cell)}"
+        within = "**no**" if cell.off_by_more() else "yes"
         protocol = our_protocol(cell)
     if cell.target_of:
         reference = by_id[cell.target_of]
@@ -175,7 +201,8 @@ def row(cell: Cell, by_id: dict[str, Cell]) -> list[str]:
         else:
             target = cell.target_fraction * reference.mean
             reached = [rounds_to(r, target) for r in cell.records]
-            ours_rounds = ", ".join("not reached" if r is None else str(r) for r in reached)
+            ours_rounds = ", ".join(str(r) if r is not None else f"diverged in {record.diverged['round']}"
+                                    if record.diverged else "not reached" for record, r in zip(cell.records, reached))
             traffic = ", ".join(("> " if r is None else "") + fmt_bytes(bytes_from_history(
                 [m for m in record.history if r is None or m["round"] <= r])) for record, r in zip(cell.records, reached))
             ours_rounds = f"{ours_rounds} (target {target:.1f}); bytes until then: {traffic}"
@@ -195,12 +222,17 @@ def markdown(cells: list[Cell]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row(c, by_id)) + " |" for c in cells]
     ran = [c for c in cells if c.records]
-    outside = [c for c in ran if abs(c.mean - c.paper_value) > WITHIN_POINTS]
+    outside = [c for c in ran if c.off_by_more()]
     lines += ["", f"{len(ran)} of {len(cells)} cells run; {len(ran) - len(outside)} within {WITHIN_POINTS:g} "
                   f"points of the paper" + (": outside, " + "; ".join(
-                      f"{c.paper} {c.data} {c.setting} {c.method} ({c.mean - c.paper_value:+.1f})" for c in outside)
+                      f"{c.paper} {c.data} {c.setting} {c.method} ({_gap(c)})" for c in outside)
                       if outside else "") + "."]
     return "\n".join(lines) + "\n"
+
+
+def _gap(cell: Cell) -> str:
+    gap = "every seed diverged" if cell.mean is None else f"{cell.mean - cell.paper_value:+.1f}"
+    return gap + (f"; {diverged_text(cell)}" if cell.diverged and cell.mean is not None else "")
 
 
 def headline(cells: list[Cell]) -> str:
@@ -209,13 +241,13 @@ def headline(cells: list[Cell]) -> str:
     for paper in dict.fromkeys(c.paper.split(",")[0] for c in cells):
         own = [c for c in cells if c.paper.split(",")[0] == paper]
         ran = [c for c in own if c.records]
-        outside = [c for c in ran if abs(c.mean - c.paper_value) > WITHIN_POINTS]
+        outside = [c for c in ran if c.off_by_more()]
         text = f"- **{paper}**: {len(ran)} of {len(own)} cells run"
         if ran:
             text += f", {len(ran) - len(outside)} within {WITHIN_POINTS:g} points of the paper"
             if outside:
-                text += "; outside: " + "; ".join(f"{c.data} {c.setting} {c.method} {c.mean:.1f} vs {c.paper_value:.1f}"
-                                                  for c in outside)
+                text += "; outside: " + "; ".join(f"{c.data} {c.setting} {c.method} {_fmt(c.mean)} vs {c.paper_value:.1f}"
+                                                  + (f" ({diverged_text(c)})" if c.diverged else "") for c in outside)
         lines.append(text + ".")
     return "\n".join(lines) + "\n"
 

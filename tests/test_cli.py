@@ -79,3 +79,13 @@ def test_resuming_with_other_settings_is_refused(tmp_path):
 def test_diverging_training_stops_with_the_learning_rate_named(tmp_path):
     with pytest.raises(FloatingPointError, match="optimizer.lr"):
         main(["fit", *tiny_args(tmp_path / "nan", "--federation.rounds", "2", "--optimizer.lr", "1e6")])
+
+
+def test_a_run_told_to_stop_at_divergence_ends_there_and_keeps_its_summary(tmp_path):
+    summary = main(["fit", *tiny_args(tmp_path / "nan", "--federation.rounds", "3", "--optimizer.lr", "1e6",
+                                      "--federation.on_divergence", "stop")])
+
+    saved = json.loads((tmp_path / "nan" / "summary.json").read_text())
+    assert saved["diverged"]["round"] == 1 and "non-finite" in saved["diverged"]["reason"]
+    assert saved["rounds"] == 0 and saved["history"] == [] and saved["final_accuracy"] is None
+    assert summary["diverged"] == saved["diverged"]

@@ -12,17 +12,23 @@ from fl_lightning.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def fake_run(run_dir: Path, accuracies: list[float], seed: int, epochs: int = 20, hidden: int = 0) -> None:
-    """A summary.json as Federation.summary writes it: one evaluation per round, final = last round."""
+def fake_run(run_dir: Path, accuracies: list[float], seed: int, epochs: int = 20, hidden: int = 0,
+             diverged_in: int = 0) -> None:
+    """A summary.json as Federation.summary writes it: one evaluation per round, final = last
+    round; ``diverged_in``: every client diverged in that round, after ``accuracies``' rounds
+    (federation.on_divergence stop)."""
     run_dir.mkdir(parents=True)
     history = [{"round": r + 1, "test/accuracy": a, "bytes/up": 10, "bytes/down": 5} for r, a in enumerate(accuracies)]
     (run_dir / "summary.json").write_text(json.dumps({
         "algorithm": "fedov", "config": {"seed": seed, "optimizer": {"name": "adam", "lr": 0.001},
-                                         "federation": {"local_epochs": epochs, "rounds": len(accuracies),
+                                         "federation": {"local_epochs": epochs,
+                                                        "rounds": diverged_in + 1 if diverged_in else len(accuracies),
                                                         "final_window": 1},
                                          "model": {"hidden_units": hidden}},
-        "history": history, "rounds": len(accuracies), "final_accuracy": accuracies[-1], "final_window": 1,
-        "last_accuracy": accuracies[-1], "bytes_total": 15 * len(accuracies), "wall_time_s": 1.0}))
+        "history": history, "rounds": len(accuracies), "final_accuracy": None if diverged_in else accuracies[-1],
+        "final_window": 1, "last_accuracy": accuracies[-1] if accuracies else None,
+        "bytes_total": 15 * len(accuracies), "wall_time_s": 1.0,
+        **({"diverged": {"round": diverged_in, "reason": "non-finite"}} if diverged_in else {})}))
 
 
 def spec(tmp_path: Path, cells: str) -> Path:
@@ -88,6 +94,49 @@ def test_rounds_to_target_count_from_the_reference_cells_final_accuracy(tmp_path
     # target = 0.975 × 80.0 = 78.0: seed 0 first reaches it in round 2, seed 1 never (77.5 < 78);
     # each round moves 10 bytes up and 5 down, so 2 rounds cost 30 and seed 1's 3 rounds more than 45
     assert fast[9] == "50 / 2, not reached (target 78.0); bytes until then: 30 B, > 45 B"
+
+
+def test_a_diverged_seed_is_named_and_left_out_of_the_mean(tmp_path):
+    fake_run(tmp_path / "runs" / "ref" / "seed0", [0.60, 0.80], 0)
+    fake_run(tmp_path / "runs" / "m" / "seed0", [0.50, 0.70], 0)
+    fake_run(tmp_path / "runs" / "m" / "seed1", [0.50, 0.74], 1)
+    fake_run(tmp_path / "runs" / "m" / "seed2", [0.50, 0.79], 2, diverged_in=3)
+    fake_run(tmp_path / "runs" / "gone" / "seed0", [], 0, diverged_in=1)
+    path = spec(tmp_path, """
+  - {id: ref, paper: T, data: D, setting: IID, method: SGD, paper_value: 80.0, paper_protocol: x, runs: runs/ref}
+  - {id: m, paper: T, data: D, setting: IID, method: M, paper_value: 72.0, paper_protocol: x, runs: runs/m,
+     target_of: ref, target_fraction: 0.975, paper_rounds: 50}
+  - {id: gone, paper: T, data: D, setting: IID, method: G, paper_value: 72.0, paper_protocol: x, runs: runs/gone}
+""")
+    _, m, gone = [line.split(" | ") for line in reproduction.write(path).splitlines()[2:5]]
+
+    # seeds 0 and 1 only (72.0 ± 2.83); seed 2 reached 79 % before it diverged, which is no result
+    # and the cell is no reproduction, however close its mean
+    assert m[6] == "72.0 ± 2.8 (70.0, 74.0); seed 2 diverged in round 3" and (m[7], m[8]) == ("+0.0", "**no**")
+    assert m[9] == "50 / not reached, not reached, 2 (target 78.0); bytes until then: > 30 B, > 30 B, 30 B"
+    assert "seeds 0, 1, 2" in m[10]
+    assert (gone[6], gone[7], gone[8]) == ("no final accuracy; seed 0 diverged in round 1", "", "**no**")
+    cells = reproduction.load_cells(path)
+    assert reproduction.headline(cells) == ("- **T**: 3 of 3 cells run, 1 within 3 points of the paper; outside: "
+                                            "D IID M 72.0 vs 72.0 (seed 2 diverged in round 3); "
+                                            "D IID G — vs 72.0 (seed 0 diverged in round 1).\n")
+    assert reproduction.markdown(cells).splitlines()[-1] == ("3 of 3 cells run; 1 within 3 points of the paper: outside, "
+                                                             "T D IID M (+0.0; seed 2 diverged in round 3); "
+                                                             "T D IID G (every seed diverged).")
+
+
+def test_a_run_still_training_is_left_out_until_its_summary_is_written(tmp_path):
+    fake_run(tmp_path / "runs" / "a" / "seed0", [0.70], 0)
+    training = tmp_path / "runs" / "a" / "seed1" / "checkpoints"
+    training.mkdir(parents=True)
+    (training / "last.ckpt").write_bytes(b"")  # never read
+    path = spec(tmp_path, """
+  - {id: a, paper: P, data: D, setting: S, method: M, paper_value: 70.0, paper_protocol: x, runs: runs/a}
+""")
+
+    (a,) = reproduction.load_cells(path)
+
+    assert [r.config["seed"] for r in a.records] == [0]
 
 
 def test_the_readme_block_is_replaced_and_bad_specs_are_named(tmp_path):
