@@ -136,13 +136,17 @@ def rounds_to(record: RunRecord, target: float) -> Optional[int]:
     return next((r for r, a in zip(rounds, acc) if 100.0 * a >= target), None)
 
 
+def _seed(record: RunRecord) -> int:
+    return int(record.config.get("seed", 0))
+
+
 def our_protocol(cell: Cell) -> str:
     """Epochs, rounds and seeds as the runs' saved configs have them."""
     def values(group: str, key: str) -> str:
         seen = sorted({str(r.setting(group, key)) for r in cell.records})
         return "/".join(seen)
 
-    seeds = sorted(int(r.config.get("seed", 0)) for r in cell.records)
+    seeds = sorted(_seed(r) for r in cell.records)
     rounds = values("federation", "rounds")
     text = f"E = {values('federation', 'local_epochs')}, {rounds} round{'' if rounds == '1' else 's'}, " \
            f"{values('optimizer', 'name')} lr {values('optimizer', 'lr')}, " \
@@ -171,12 +175,14 @@ def _fmt(value: Optional[float], digits: int = 1) -> str:
     return "—" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
-def _seed(record: RunRecord) -> int:
-    return int(record.config.get("seed", 0))
-
-
 def diverged_text(cell: Cell) -> str:
     return "; ".join(f"seed {_seed(r)} diverged in round {r.diverged['round']}" for r in cell.diverged)
+
+
+def _reached_text(record: RunRecord, reached: Optional[int]) -> str:
+    if reached is not None:
+        return str(reached)
+    return f"diverged in {record.diverged['round']}" if record.diverged else "not reached"
 
 
 def row(cell: Cell, by_id: dict[str, Cell]) -> list[str]:
@@ -201,8 +207,7 @@ def row(cell: Cell, by_id: dict[str, Cell]) -> list[str]:
         else:
             target = cell.target_fraction * reference.mean
             reached = [rounds_to(r, target) for r in cell.records]
-            ours_rounds = ", ".join(str(r) if r is not None else f"diverged in {record.diverged['round']}"
-                                    if record.diverged else "not reached" for record, r in zip(cell.records, reached))
+            ours_rounds = ", ".join(_reached_text(record, r) for record, r in zip(cell.records, reached))
             traffic = ", ".join(("> " if r is None else "") + fmt_bytes(bytes_from_history(
                 [m for m in record.history if r is None or m["round"] <= r])) for record, r in zip(cell.records, reached))
             ours_rounds = f"{ours_rounds} (target {target:.1f}); bytes until then: {traffic}"
