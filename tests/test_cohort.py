@@ -15,32 +15,14 @@ from fl_lightning.config import OptimizerConfig
 from fl_lightning.data.batches import ClientBatches
 from fl_lightning.models.architectures import ARCHITECTURES, SimpleCNN
 from fl_lightning.settings import build_federation
-from tests.conftest import tiny_args
+from tests.conftest import smoothed, tiny_args
 
 
 def smooth_simple_cnn(**kwargs) -> nn.Module:
     """SimpleCNN (the same layers, the same ``features`` / ``head`` split that FedOV's PROSER
-    mixes at) with softplus for ReLU and average for max pooling: a loss smooth in its
-    parameters and inputs.
-
-    The two engines compute the same sums in different orders (a batched convolution per
-    member against one vectorised over members), so they differ by float rounding. On a
-    smooth network that difference stays at rounding level through training. With ReLU and
-    max pooling it does not: a rounding difference that moves a pre-activation across 0, or
-    reorders two near-equal values of a pooling window, changes a gradient by a finite jump
-    that the following steps carry forward (after two rounds of FedProx: below 1e-5 on one
-    CPU, 0.08 on an AMD EPYC, whose kernels round otherwise). No fixed tolerance separates a
-    jump from a real error on every machine, so the exact comparisons run on this network
-    and the papers' CNN is checked on one step
-    (``test_cohort_steps_the_papers_cnn_like_per_client``)."""
-    network = SimpleCNN(**kwargs)
-    for block in (network.features, network.head):
-        for i, layer in enumerate(block):
-            if isinstance(layer, nn.ReLU):
-                block[i] = nn.Softplus()
-            elif isinstance(layer, nn.MaxPool2d):
-                block[i] = nn.AvgPool2d(layer.kernel_size)
-    return network
+    mixes at), smoothed (``tests.conftest.smoothed`` says why). The papers' CNN is checked
+    on one step (``test_cohort_steps_the_papers_cnn_like_per_client``)."""
+    return smoothed(SimpleCNN(**kwargs))
 
 
 @pytest.fixture

@@ -9,14 +9,22 @@ from fl_lightning.data import ClientBatches, synthetic_dataset
 from fl_lightning.models import FashionCNN
 from fl_lightning.modules import StackedModel, stack_models
 from fl_lightning.algorithms.fedova.detectors import detector_task
+from tests.conftest import smoothed
+
+
+def detector_network() -> torch.nn.Module:
+    """FedOVA's detector CNN, smoothed: these tests train it along two code paths and compare
+    the results exactly (``tests.conftest.smoothed`` says why ReLU and max pooling cannot be
+    compared so on every CPU)."""
+    return smoothed(FashionCNN(num_outputs=1))
 
 
 @pytest.fixture(scope="module")
 def setting():
     data = synthetic_dataset(300)
     torch.manual_seed(0)
-    template = FashionCNN(num_outputs=1)
-    stacked = stack_models([FashionCNN(num_outputs=1) for _ in range(3)])
+    template = detector_network()
+    stacked = stack_models([detector_network() for _ in range(3)])
     fed = FederationConfig(local_epochs=2, batch_size=32)
     ctx = ClientContext(data.train_x, data.train_y, template, fed, TrainerConfig(accelerator="cpu"), seed=7)
     indices = np.flatnonzero(np.isin(data.train_y.numpy(), [0, 1, 2]))
@@ -48,7 +56,7 @@ def test_lightning_client_equals_a_plain_pytorch_loop(setting):
     single = {k: v[:1] for k, v in stacked.items()}
     result = train_client(ctx, detector_task(2, single, (1,), OptimizerConfig("sgd", lr=0.05)), indices, 3)
 
-    model = FashionCNN(num_outputs=1)
+    model = detector_network()
     model.load_state_dict({k: v[0] for k, v in single.items()})
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     seed = client_seed(7, 3, 2)
