@@ -12,9 +12,16 @@
 #                classes per client) at ATHENA_ROUNDS (default 200, the paper's) rounds, over SEEDS
 #                (two cores: ~1 min a round; no GPU time measured yet, and a run the deadline
 #                stops is lost: lower ATHENA_ROUNDS if one call cannot hold it);
-#   cifar        CIFAR-10: FedOVA Table I (FedOVA and FedAvg, VGG-11, non-IID-2), FedOV Table 1's
-#                #C=2 cell at FEDOV_E, then ATHENA-FL's cell (ATHENA_ROUNDS), over SEEDS, images
-#                from the data.image_pack file CIFAR_PACK (default .gpucifar/cifar10_q75.npz).
+#   cifar        CIFAR-10: FedOVA Table I (FedAvg, then FedOVA, VGG-11, non-IID-2, CIFAR_ROUNDS
+#                rounds, default 100), FedOV Table 1's #C=2 cell at FEDOV_E, then ATHENA-FL's cell
+#                (ATHENA_ROUNDS), over SEEDS, images from the data.image_pack file CIFAR_PACK
+#                (default .gpucifar/cifar10_q75.npz). Measured on an H200 (the committed one-round
+#                selection runs): a VGG-11 round takes 4.5-4.9 s for FedAvg and 8.1-9.4 s for FedOVA,
+#                plus ~25 s to start a run, so FedAvg's 100 rounds fit one call and FedOVA's (~15
+#                min) fit neither one call nor a session's 15 device minutes. CIFAR_ROUNDS=50
+#                CHECKPOINT_EVERY=5 runs both cells (named *_r50; ~4.5 + 7.5 min) in two calls of
+#                one session: the deadline stops FedOVA's run with its checkpoint on the device,
+#                and the same command, called again while the machine is warm, resumes it.
 # Fashion-MNIST is read from the *.gz in GZ (default .gpudata), MNIST from the *.gz in MNIST_GZ
 # (default .gpumnist; gzip ../shared/data/MNIST/raw/* there). The carry limit (64 MiB) holds the
 # wheels and the two MNIST sets (41 MiB) or the CIFAR-10 pack (36 MiB), not both: run "cifar" in
@@ -93,7 +100,8 @@ for task in ${TASKS:-table1 datasharing}; do
           done
         done ;;
       cifar)
-        for name in cifar_n2_fedova_vgg11 cifar_n2_fedavg_vgg11 cifar_C2_fedov_e${FEDOV_E:-200} cifar_C2_closeset_e${FEDOV_E:-200} \
+        cr_tag=$([ "${CIFAR_ROUNDS:-100}" = 100 ] || echo "_r$CIFAR_ROUNDS")
+        for name in cifar_n2_fedavg_vgg11$cr_tag cifar_n2_fedova_vgg11$cr_tag cifar_C2_fedov_e${FEDOV_E:-200} cifar_C2_closeset_e${FEDOV_E:-200} \
                     cifar_C2_athena$r_tag cifar_C2_fedavg_mobilenet$r_tag; do
           in_budget || break 3
           SEEDS=$seed CIFAR=1 E=${FEDOV_E:-200} ATHENA_ROUNDS=$athena_rounds CIFAR_PACK=${CIFAR_PACK:-$PWD/.gpucifar/cifar10_q75.npz} \
