@@ -149,7 +149,7 @@ done
 # read the images from a data.image_pack file (python -m fl_lightning.data.image_pack) instead of
 # data.offline_roots. FedOVA Table I (non-IID-2, VGG-11, the rest as the FMNIST rows; a round of
 # VGG-11 costs about 12 min on a core; on an H200 with the cohort engine FedAvg's round took
-# 4.5-4.9 s and FedOVA's 8.1-9.4 s, the one-round selection runs of reports/reproduction/runs/selection):
+# 4.5-4.9 s and FedOVA's 8.1-9.4 s, one-round runs in commit 7f93069):
 # the configs' SGD with momentum 0.9, and the same rule for both methods with a grid one decade
 # lower than FMNIST's ("0.001 0.01 0.1": momentum 0.9 multiplies the step by about ten, and VGG-11
 # has no batch normalisation), fixed before any CIFAR run. CIFAR_ROUNDS (default 100, the FMNIST

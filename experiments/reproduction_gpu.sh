@@ -15,13 +15,14 @@
 #   cifar        CIFAR-10: FedOVA Table I (FedAvg, then FedOVA, VGG-11, non-IID-2, CIFAR_ROUNDS
 #                rounds, default 100), FedOV Table 1's #C=2 cell at FEDOV_E, then ATHENA-FL's cell
 #                (ATHENA_ROUNDS), over SEEDS, images from the data.image_pack file CIFAR_PACK
-#                (default .gpucifar/cifar10_q75.npz). Measured on an H200 (the committed one-round
-#                selection runs): a VGG-11 round takes 4.5-4.9 s for FedAvg and 8.1-9.4 s for FedOVA,
-#                plus ~25 s to start a run, so FedAvg's 100 rounds fit one call and FedOVA's (~15
-#                min) fit neither one call nor a session's 15 device minutes. CIFAR_ROUNDS=50
-#                CHECKPOINT_EVERY=5 runs both cells (named *_r50; ~4.5 + 7.5 min) in two calls of
-#                one session: the deadline stops FedOVA's run with its checkpoint on the device,
-#                and the same command, called again while the machine is warm, resumes it.
+#                (default .gpucifar/cifar10_q75.npz). Measured on an H200 (one-round runs, commit
+#                7f93069): a VGG-11 round takes 4.5-4.9 s for FedAvg and 8.1-9.4 s for FedOVA, plus
+#                ~25 s to start a run, so FedAvg's 100 rounds fit one call and FedOVA's (~15 min)
+#                fit neither one call nor a session's 15 device minutes. CIFAR_ROUNDS=50
+#                CHECKPOINT_EVERY=5 runs the six one-round selection runs (~3 min) and both cells
+#                (named *_r50; ~4.5 + 7.5 min): the deadline stops FedOVA's run with its checkpoint
+#                on the device, and the same command, called again while the machine is warm,
+#                resumes it (what one session's device time leaves may not hold all of it).
 # Fashion-MNIST is read from the *.gz in GZ (default .gpudata), MNIST from the *.gz in MNIST_GZ
 # (default .gpumnist; gzip ../shared/data/MNIST/raw/* there). The carry limit (64 MiB) holds the
 # wheels and the two MNIST sets (41 MiB) or the CIFAR-10 pack (36 MiB), not both: run "cifar" in

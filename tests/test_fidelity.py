@@ -22,6 +22,46 @@ def n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+# ---- VGG-11's initialisation (the CIFAR VGG of NIID-Bench / pytorch-vgg-cifar10) ---------------
+
+def _conv_layers(model):
+    return [m for m in model.features if isinstance(m, torch.nn.Conv2d)]
+
+
+def _assert_he_normal_fan_out(model):
+    for conv in _conv_layers(model):
+        fan_out = conv.out_channels * conv.kernel_size[0] * conv.kernel_size[1]
+        std = conv.weight.std().item()
+        # thousands of samples per layer: the sample std is within a few % of sqrt(2 / fan_out)
+        assert abs(std / (2.0 / fan_out) ** 0.5 - 1) < 0.05, (conv, std)
+        assert torch.count_nonzero(conv.bias) == 0
+
+
+def test_vgg11_convolutions_start_he_normal_over_fan_out_with_zero_bias():
+    torch.manual_seed(0)
+    model = build_architecture("vgg11", 3, 32, 1)
+
+    assert len(_conv_layers(model)) == 8
+    _assert_he_normal_fan_out(model)
+    # torch's default (variance 1 / (3 fan_in)) is a sixth of that where channels stay equal
+    last = _conv_layers(model)[-1]
+    default = torch.nn.Conv2d(512, 512, 3, padding=1)
+    assert last.weight.std() > 2.0 * default.weight.std()
+
+
+def test_every_fresh_fedova_detector_gets_vgg11s_initialisation_not_the_layer_defaults():
+    from fl_lightning.models import reinitialised
+
+    torch.manual_seed(0)
+    template = build_architecture("vgg11", 3, 32, 1)
+    fresh = reinitialised(template)
+
+    _assert_he_normal_fan_out(fresh)
+    assert not torch.equal(fresh.features[0].weight, template.features[0].weight)  # drawn afresh
+    with torch.no_grad():  # the signal survives the eleven layers (torch's default: logits of std ~2e-5)
+        assert fresh(torch.randn(64, 3, 32, 32)).std() > 1e-3
+
+
 # ---- fashion_cnn's hidden layer (item 5) -------------------------------------------------------
 
 def test_fashion_cnn_without_hidden_units_is_the_network_of_earlier_results():
