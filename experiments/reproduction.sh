@@ -159,11 +159,12 @@ done
 if [ "${CIFAR:-0}" = 1 ]; then
   pack=${CIFAR_PACK:+--data.image_pack $CIFAR_PACK}
   CR=${CIFAR_ROUNDS:-100}
+  CR_TAG=$([ "$CR" = 100 ] || echo "_r$CR")
   for method in fedavg fedova; do  # FedAvg first: its 100 rounds fit one 10-minute device call, FedOVA's do not
     name=cifar_n2_${method}_vgg11
-    [[ $name$([ "$CR" = 100 ] || echo "_r$CR") =~ ${ONLY:-.} ]] || continue
-    lr=$(select_lr $name configs/${method}_cifar.yaml "0.001 0.01 0.1" $pack)
-    [ "$lr" != none ] && run $name$([ "$CR" = 100 ] || echo "_r$CR") configs/${method}_cifar.yaml $pack --optimizer.lr $lr \
+    [[ $name$CR_TAG =~ ${ONLY:-.} ]] || continue
+    lr=$(select_lr $name configs/${method}_cifar.yaml "0.001 0.01 0.1" $pack)  # shared by every CIFAR_ROUNDS
+    [ "$lr" != none ] && run $name$CR_TAG configs/${method}_cifar.yaml $pack --optimizer.lr $lr \
       --federation.rounds $CR --run.checkpoint_every ${CHECKPOINT_EVERY:-0}
   done
   run cifar_C2_closeset$E_TAG configs/fedov_cifar.yaml $C2 $FEDOV --algorithm CloseSetVoting $pack
