@@ -12,7 +12,8 @@
 # runs the matching names. CHECKPOINT_EVERY (default 0 = none): FedOVA Table I's runs save a
 # checkpoint every that many rounds, so a run stopped by a time cap keeps its folder and the same
 # command resumes it (--ckpt_path last; equal to an uninterrupted run, tests/test_crash_resume.py); a run
-# that fails without a checkpoint is removed. WORKERS (default 2) client processes per run; EXTRA: settings added to
+# that fails without a checkpoint is removed. SELECT_PARALLEL=1 runs a learning-rate selection's grid points
+# at the same time (for a GPU machine with cores to spare; each run's threads: EXTRA). WORKERS (default 2) client processes per run; EXTRA: settings added to
 # every run (e.g. EXTRA="--trainer.accelerator gpu --data.idx_gz_dir .gpudata": the cohort engine
 # on a GPU, where FedOVA's 100 rounds took 32 s on an H100, bench/results/gpu); PYTHON (default
 # .venv/bin/python). Then:
@@ -69,8 +70,13 @@ select_lr() {  # select_lr NAME CONFIG "GRID" [OVERRIDES...] -> prints the chose
   local name=$1 config=$2 grid=$3; shift 3
   local key=${KEY:-optimizer.lr} rounds=${SELECT_ROUNDS:-1} tag=${TAG:-lr}
   for lr in $grid; do
-    ONLY=. SEEDS=0 run selection/${name}_$tag$lr "$config" --federation.rounds $rounds --$key $lr "$@" > /dev/null
+    if [ "${SELECT_PARALLEL:-0}" = 1 ]; then  # a GPU machine: the grid points' start-ups overlap
+      ONLY=. SEEDS=0 run selection/${name}_$tag$lr "$config" --federation.rounds $rounds --$key $lr "$@" > /dev/null &
+    else
+      ONLY=. SEEDS=0 run selection/${name}_$tag$lr "$config" --federation.rounds $rounds --$key $lr "$@" > /dev/null
+    fi
   done
+  wait
   ${PYTHON:-.venv/bin/python} - "$OUT/selection" "$name" "$tag" "$rounds" $grid <<'PY'
 import json, math, sys
 from pathlib import Path

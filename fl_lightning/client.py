@@ -134,6 +134,7 @@ def make_trainer(ctx: ClientContext, epochs: int, callbacks: Sequence = ()):
         enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,
+        benchmark=ctx.trainer.cudnn_benchmark,
     )
 
 

@@ -223,6 +223,10 @@ class TrainerConfig:
             trained together; larger cohorts are split into chunks. 0: no limit.
         cuda_graph: on a GPU, capture the cohort's training step in one CUDA graph and
             replay it (static shapes per round); off: eager steps.
+        cudnn_benchmark: let cuDNN time its convolution algorithms for each new shape and keep
+            the fastest (the Trainer's ``benchmark``). vmap turns a cohort's convolutions into
+            grouped ones, for which cuDNN's default choice may be slow; off by default until a
+            GPU measures it (bench/cohort_bench.py, variant cohort_cudnn_benchmark).
     """
 
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
@@ -232,6 +236,7 @@ class TrainerConfig:
     engine: Literal["auto", "per_client", "cohort"] = "auto"
     cohort_size: int = 0
     cuda_graph: bool = True
+    cudnn_benchmark: bool = False
 
 
 @dataclass

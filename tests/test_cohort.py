@@ -188,3 +188,20 @@ def test_cohorts_group_by_plugin_key_and_chunk_by_members():
     assert alone == [1, 3]  # no plug-in; an empty client
     assert [positions for _, positions in cohorts] == [[0, 2], [4]]  # 2 + 2 members, then 3
 
+
+
+@pytest.mark.parametrize("setting", [True, False])
+def test_trainer_cudnn_benchmark_sets_cudnns_algorithm_search(tmp_path, setting):
+    from fl_lightning.client import ClientContext, make_trainer
+
+    fed = build_federation(["fit", *tiny_args(tmp_path, "--trainer.cudnn_benchmark", str(setting).lower())],
+                           callbacks=[])[2]
+    assert fed.trainer_cfg.cudnn_benchmark is setting
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = not setting
+    try:
+        make_trainer(ClientContext(torch.zeros(1), torch.zeros(1), nn.Linear(1, 1), fed.federation, fed.trainer_cfg, seed=0),
+                     epochs=1)
+        assert torch.backends.cudnn.benchmark is setting
+    finally:
+        torch.backends.cudnn.benchmark = saved
