@@ -35,7 +35,7 @@ bench FEDOV_E2_per_client 200 FEDOV per_client 1 --federation.local_epochs 2
 bench FEDOV_E200_cohort 300 FEDOV cohort 1
 # cuDNN's algorithm search for the grouped convolutions vmap makes of VGG-11 (CIFAR-10, FedOVA
 # Table I's setting): 3 rounds each way, when the image pack CIFAR_PACK is there
-# (python -m fl_lightning.data.image_pack --data cifar10 --out .gpucifar/cifar10_q75.npz). ONLY=CIFAR runs these alone.
+# (python -m fl_lightning.data.image_pack --data cifar10 --out .gpucifar/cifar10_q75.npz). ONLY=CIFAR runs these (after the engines' equivalence check, which always runs).
 CIFAR_PACK=${CIFAR_PACK:-.gpucifar/cifar10_q75.npz}
 if [ -f "$CIFAR_PACK" ]; then
   bench CIFAR_FEDOVA_cohort 150 CIFAR_FEDOVA cohort 3 --data.image_pack $CIFAR_PACK

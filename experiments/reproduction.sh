@@ -70,11 +70,8 @@ select_lr() {  # select_lr NAME CONFIG "GRID" [OVERRIDES...] -> prints the chose
   local name=$1 config=$2 grid=$3; shift 3
   local key=${KEY:-optimizer.lr} rounds=${SELECT_ROUNDS:-1} tag=${TAG:-lr}
   for lr in $grid; do
-    if [ "${SELECT_PARALLEL:-0}" = 1 ]; then  # a GPU machine: the grid points' start-ups overlap
-      ONLY=. SEEDS=0 run selection/${name}_$tag$lr "$config" --federation.rounds $rounds --$key $lr "$@" > /dev/null &
-    else
-      ONLY=. SEEDS=0 run selection/${name}_$tag$lr "$config" --federation.rounds $rounds --$key $lr "$@" > /dev/null
-    fi
+    ONLY=. SEEDS=0 run selection/${name}_$tag$lr "$config" --federation.rounds $rounds --$key $lr "$@" > /dev/null &
+    [ "${SELECT_PARALLEL:-0}" = 1 ] || wait  # parallel on a GPU machine: the grid points' start-ups overlap
   done
   wait
   ${PYTHON:-.venv/bin/python} - "$OUT/selection" "$name" "$tag" "$rounds" $grid <<'PY'

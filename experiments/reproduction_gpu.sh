@@ -119,7 +119,8 @@ for task in ${TASKS:-table1 datasharing}; do
         # runs' start-ups and the host work between graph replays overlap on the one GPU
         for name in cifar_n2_fedavg_vgg11$cr_tag cifar_n2_fedova_vgg11$cr_tag; do
           in_budget || break 3
-          if [ "${CONCURRENT:-1}" = 1 ]; then cifar_run $name & else cifar_run $name; fi
+          cifar_run $name &
+          [ "${CONCURRENT:-1}" = 1 ] || wait
         done
         wait
         for name in cifar_C2_fedov_e${FEDOV_E:-200} cifar_C2_closeset_e${FEDOV_E:-200} cifar_C2_athena$r_tag cifar_C2_fedavg_mobilenet$r_tag; do
