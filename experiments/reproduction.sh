@@ -11,7 +11,9 @@
 # that seed as diverged, and its accuracy is in no mean. ONLY=<regex>
 # runs the matching names. CHECKPOINT_EVERY (default 0 = none): FedOVA Table I's runs save a
 # checkpoint every that many rounds, so a run stopped by a time cap keeps its folder and the same
-# command resumes it (--ckpt_path last; equal to an uninterrupted run, tests/test_crash_resume.py); a run
+# command resumes it (--ckpt_path last; equal to an uninterrupted run, tests/test_crash_resume.py); FedOV's
+# Table 1 runs (one round) save each client's result as it finishes (run.checkpoint_clients), so the same
+# command resumes them without retraining those clients (a run at E = 200 takes hours on two cores); a run
 # that fails without a checkpoint is removed. SELECT_PARALLEL=1 runs a learning-rate selection's grid points
 # at the same time (for a GPU machine with cores to spare; each run's threads: EXTRA). WORKERS (default 2) client processes per run; EXTRA: settings added to
 # every run (e.g. EXTRA="--trainer.accelerator gpu --data.idx_gz_dir .gpudata": the cohort engine
@@ -26,6 +28,9 @@ E=${E:-20}
 ROUNDS=${ROUNDS:-50}
 T2=_r$ROUNDS  # Table II runs are named by their round budget (the one-round selection runs are shared)
 mkdir -p "$LOGS"
+saved() {  # saved DIR: a stopped run left a checkpoint or client results (run.checkpoint_clients)
+  [ -f "$1/checkpoints/last.ckpt" ] || compgen -G "$1/checkpoints/clients/round-*/client-*.pt" > /dev/null
+}
 run() {  # run NAME CONFIG [OVERRIDES...]
   local name=$1 config=$2; shift 2
   [[ $name =~ ${ONLY:-.} ]] || return
@@ -33,7 +38,7 @@ run() {  # run NAME CONFIG [OVERRIDES...]
     local dir=$OUT/$name/seed$seed
     [ -f "$dir/summary.json" ] && continue
     local resume=()
-    [ -f "$dir/checkpoints/last.ckpt" ] && resume=(--ckpt_path last)
+    saved "$dir" && resume=(--ckpt_path last)
     echo "$(date +%T) $name seed $seed${resume:+ (resumed from its checkpoint)}"
     mkdir -p "$(dirname "$LOGS/$name")"
     [ ${#resume[@]} = 0 ] && : > "$LOGS/${name}_seed$seed.log"  # a resumed run appends to its log
@@ -41,7 +46,7 @@ run() {  # run NAME CONFIG [OVERRIDES...]
          --run.progress false --trainer.workers "${WORKERS:-2}" --federation.on_divergence stop ${EXTRA:-} "$@" "${resume[@]}" \
          >> "$LOGS/${name}_seed$seed.log" 2>&1; then
       find "$dir" -mindepth 1 -maxdepth 1 ! -name summary.json -exec rm -rf {} +
-    elif [ -f "$dir/checkpoints/last.ckpt" ]; then  # killed (a time cap): the next call resumes, equal to an uninterrupted run
+    elif saved "$dir"; then  # killed (a time cap): the next call resumes, equal to an uninterrupted run
       echo "STOPPED $name seed $seed: its checkpoint stays in $dir, the same command resumes it (see $LOGS/${name}_seed$seed.log)"
     else
       echo "FAILED $name seed $seed (see $LOGS/${name}_seed$seed.log)"; rm -rf "$dir"
@@ -51,7 +56,8 @@ run() {  # run NAME CONFIG [OVERRIDES...]
 C1="--partition.scheme num_labels --partition.labels_per_client 1"
 C2="--partition.scheme num_labels --partition.labels_per_client 2"
 D05="--partition.scheme dirichlet --partition.dirichlet_beta 0.5"
-FEDOV="--federation.local_epochs $E"
+# one round: its clients' results are saved as they finish, so a stopped run resumes client by client
+FEDOV="--federation.local_epochs $E --run.checkpoint_clients true"
 E_TAG=$([ "$E" = 20 ] || echo "_e$E")  # runs at another E than 20 get names of their own (e.g. _e200)
 
 # FedOV Table 1 (FedOV and close-set voting, same epochs, optimizer and seeds)

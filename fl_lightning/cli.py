@@ -36,7 +36,9 @@ def main(argv: Optional[list[str]] = None):
     command = cfg.subcommand
     ckpt_path = resolve_ckpt_path(cfg[command].ckpt_path, federation.run_dir, command)
     if command == "fit":
-        summary = federation.fit(ckpt_path=ckpt_path)
+        # --ckpt_path last before the first checkpoint: nothing to load, but a stopped run's
+        # client results (run.checkpoint_clients) are still reused
+        summary = federation.fit(ckpt_path=ckpt_path, resume=cfg.fit.ckpt_path is not None)
         if summary["final_accuracy"] is not None:
             print(f"final accuracy (mean of last {summary['final_window']} evaluations): "
                   f"{summary['final_accuracy']:.4f}; last: {summary['last_accuracy']:.4f}")

@@ -250,6 +250,9 @@ class RunConfig:
         logger: csv | wandb (honours WANDB_MODE=offline) | none.
         wandb_project: W&B project name.
         progress: one console line per round.
+        checkpoint_clients: also save each client's result as it arrives, so a run stopped in
+            the middle of a round (a one-shot method's only round) resumes (``--ckpt_path``)
+            without retraining the clients that had finished (fl_lightning/client_journal.py).
     """
 
     dir: str = "runs/default"
@@ -257,3 +260,4 @@ class RunConfig:
     logger: Literal["csv", "wandb", "none"] = "csv"
     wandb_project: str = "fl_lightning"
     progress: bool = True
+    checkpoint_clients: bool = False

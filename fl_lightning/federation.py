@@ -17,6 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from callbacks import Checkpointing, ConsoleProgress, FederatedCallback, MetricsLogger, PartitionStatistics
 from fl_lightning.checkpoint import load_checkpoint
 from fl_lightning.client import ClientContext, ClientExecutor, resolve_accelerator
+from fl_lightning.client_journal import ClientJournal, JournaledExecutor
 from fl_lightning.config import (DataConfig, FederationConfig, ModelConfig, OptimizerConfig, PartitionConfig,
                                  RunConfig, TrainerConfig, check_optimizer)
 from fl_lightning.data import load_dataset, partition_clients, partition_table
@@ -188,23 +189,31 @@ class Federation:
         self.client_states = dict(ckpt.get("client_states", {}))
 
     # ---- the loop ------------------------------------------------------------------------
-    def fit(self, ckpt_path: Optional[str] = None, executor=None) -> dict[str, Any]:
+    def fit(self, ckpt_path: Optional[str] = None, executor=None, resume: Optional[bool] = None) -> dict[str, Any]:
         """Run the rounds. ``executor`` trains the clients (``run(jobs, round, on_result)`` ->
         (results, failures), and ``close()``): by default in this process or its workers;
         fl_lightning.flower.FlowerExecutor sends them to Flower SuperNodes instead. While it
-        runs, a second fit into the same run.dir is refused (fl_lightning.run_lock)."""
+        runs, a second fit into the same run.dir is refused (fl_lightning.run_lock).
+        ``resume`` (default: whether ``ckpt_path`` is given; the CLI's ``--ckpt_path last``
+        before any checkpoint also resumes): with ``run.checkpoint_clients``, reuse the client
+        results saved in the round a stopped run was in; a fresh fit discards them."""
         self.setup()
         if ckpt_path:
             self.load_state_dict(load_checkpoint(ckpt_path))
         with run_dir_lock(self.run_dir):
-            return self._run_rounds(executor)
+            journal = ClientJournal(self.run_dir, _run_key(self.config)) if self.run.checkpoint_clients else None
+            if journal is not None and not (bool(ckpt_path) if resume is None else resume):
+                journal.clear()
+            return self._run_rounds(executor, journal)
 
-    def _run_rounds(self, executor) -> dict[str, Any]:
+    def _run_rounds(self, executor, journal: Optional[ClientJournal] = None) -> dict[str, Any]:
         d = self._data
         if executor is None:
             public_x = None if self.public_x is None else self.public_x.to(d.train_x.device)
             executor = ClientExecutor(ClientContext(d.train_x, d.train_y, self.template, self.federation,
                                                     self.trainer_cfg, self.seed, public_x))
+        if journal is not None:
+            executor = JournaledExecutor(executor, journal)
         started = time.perf_counter()
         for cb in self.callbacks:
             cb.on_fit_start(self)
@@ -234,6 +243,8 @@ class Federation:
         for cb in self.callbacks:
             cb.on_fit_end(self, summary)
         self.write_summary(summary)
+        if journal is not None:  # the final checkpoint holds every round now
+            journal.clear()
         return summary
 
     def run_round(self, round_index: int, executor: ClientExecutor) -> dict[str, Any]:
@@ -373,6 +384,17 @@ class Federation:
         tmp.write_text(json.dumps(summary, indent=1, default=str))
         tmp.replace(path)
         return path
+
+
+def _run_key(config: dict, prefix: str = "") -> str | dict:
+    """The settings a resume may not change (those of ``_config_differences``), as JSON."""
+    kept = {}
+    for key, value in config.items():
+        dotted = f"{prefix}{key}"
+        if dotted in _RESUMABLE_CHANGES or key == "config" and not prefix:
+            continue
+        kept[key] = _run_key(value, dotted + ".") if isinstance(value, dict) else value
+    return kept if prefix else json.dumps(kept, sort_keys=True, default=str)
 
 
 def _config_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:

@@ -18,6 +18,11 @@ cell whose final accuracy sets the target and ``target_fraction`` its fraction; 
 shows the first round each run reaches it beside the paper's rounds, and the bytes the run
 exchanged (up + down, all clients) until then; a run that never reaches it shows its whole
 traffic as a lower bound.
+
+Runs at the paper's budget that do not yet hold the cell's seeds (FedOV at E = 200 on two
+cores: 80 minutes a run) go in ``budget_runs``: the row and the headline show their figure and
+protocol beside the cell's, and the cell's mean and verdict stay those of ``runs``. Once they
+hold the seeds, ``runs`` points at them instead.
 """
 
 from __future__ import annotations
@@ -57,14 +62,19 @@ class Cell:
     target_fraction: float = 0.975
     paper_rounds: Optional[int] = None
     metric: str = ""        # a history key to report instead of the final accuracy (its last value)
+    budget_runs: str = ""   # runs at the paper's budget with fewer seeds: shown beside, not in the mean
     records: list[RunRecord] = field(default_factory=list)
+    budget_records: list[RunRecord] = field(default_factory=list)
 
     @property
     def accuracies(self) -> list[float]:
         """Final accuracies (%) of the runs that did not diverge (``diverged`` lists the others)."""
+        return self.accuracies_of(self.records)
+
+    def accuracies_of(self, records: list[RunRecord]) -> list[float]:
         if not self.metric:
-            return [100.0 * r.final_accuracy for r in self.records if r.final_accuracy is not None]
-        return [100.0 * last_value(r, self.metric) for r in self.records if not r.diverged]
+            return [100.0 * r.final_accuracy for r in records if r.final_accuracy is not None]
+        return [100.0 * last_value(r, self.metric) for r in records if not r.diverged]
 
     @property
     def diverged(self) -> list[RunRecord]:
@@ -101,7 +111,7 @@ def load_cells(spec: str | Path) -> list[Cell]:
     raw = yaml.safe_load(spec.read_text()) or {}
     if not isinstance(raw.get("cells"), list):
         raise ValueError(f"{spec}: expected a top-level 'cells:' list")
-    known = {f for f in Cell.__dataclass_fields__ if f != "records"}
+    known = {f for f in Cell.__dataclass_fields__ if not f.endswith("records")}
     cells = []
     for k, entry in enumerate(raw["cells"]):
         unknown = sorted(set(entry) - known)
@@ -111,12 +121,10 @@ def load_cells(spec: str | Path) -> list[Cell]:
             cell = Cell(**entry)
         except TypeError as err:
             raise ValueError(f"{spec}: cell {k} ({entry.get('id', '?')}): {err}") from None
-        if cell.runs:
-            folder = spec.parent / cell.runs
-            started = folder.is_dir() and any(is_run_dir(c) for c in folder.iterdir())
-            # finished runs only: one still training has a checkpoint but no summary.json yet
-            cell.records = ([load_run(d) for d in expand_run_dirs([folder]) if (Path(d) / "summary.json").is_file()]
-                            if started else [])
+        cell.records = finished_runs(spec.parent / cell.runs) if cell.runs else []
+        if cell.budget_runs and not (spec.parent / cell.budget_runs).is_dir():
+            raise ValueError(f"{spec}: cell {cell.id!r}: budget_runs {cell.budget_runs!r} is not a folder")
+        cell.budget_records = finished_runs(spec.parent / cell.budget_runs) if cell.budget_runs else []
         if not cell.records and not cell.missing:
             raise ValueError(f"{spec}: cell {cell.id!r} has no runs under {cell.runs or '(no runs: key)'} "
                              "and no 'missing:' reason")
@@ -128,6 +136,14 @@ def load_cells(spec: str | Path) -> list[Cell]:
         if cell.target_of and cell.target_of not in ids:
             raise ValueError(f"{spec}: cell {cell.id!r}: target_of {cell.target_of!r} is not a cell id")
     return cells
+
+
+def finished_runs(folder: Path) -> list[RunRecord]:
+    """The runs under ``folder`` that have finished: one still training has a checkpoint but no
+    summary.json yet."""
+    if not (folder.is_dir() and any(is_run_dir(c) for c in folder.iterdir())):
+        return []
+    return [load_run(d) for d in expand_run_dirs([folder]) if (Path(d) / "summary.json").is_file()]
 
 
 def rounds_to(record: RunRecord, target: float) -> Optional[int]:
@@ -142,19 +158,43 @@ def _seed(record: RunRecord) -> int:
 
 def our_protocol(cell: Cell) -> str:
     """Epochs, rounds and seeds as the runs' saved configs have them."""
+    return protocol_of(cell.records) + per_client_text(cell) + (f"; {cell.differences}" if cell.differences else "") \
+        + (f"; {budget_text(cell)}" if cell.budget_records else "")
+
+
+def protocol_of(records: list[RunRecord]) -> str:
     def values(group: str, key: str) -> str:
-        seen = sorted({str(r.setting(group, key)) for r in cell.records})
+        seen = sorted({str(r.setting(group, key)) for r in records})
         return "/".join(seen)
 
-    seeds = sorted(_seed(r) for r in cell.records)
+    seeds = sorted(_seed(r) for r in records)
     rounds = values("federation", "rounds")
     text = f"E = {values('federation', 'local_epochs')}, {rounds} round{'' if rounds == '1' else 's'}, " \
            f"{values('optimizer', 'name')} lr {values('optimizer', 'lr')}, " \
            f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
-    hidden = {r.setting("model", "hidden_units", 0) for r in cell.records} - {0, None}
+    hidden = {r.setting("model", "hidden_units", 0) for r in records} - {0, None}
     if hidden:  # the network differs from the default one
         text += f", hidden layer {'/'.join(map(str, sorted(hidden)))}"
-    return text + per_client_text(cell) + (f"; {cell.differences}" if cell.differences else "")
+    return text
+
+
+def budget_short(cell: Cell) -> str:
+    """The budget runs' figures for the headline, e.g. "at E = 200, 1 round, seed 0: 86.2"."""
+    def values(key: str) -> str:
+        return "/".join(sorted({str(r.setting("federation", key)) for r in cell.budget_records}))
+
+    seeds = sorted(_seed(r) for r in cell.budget_records)
+    rounds = values("rounds")
+    figures = ", ".join(_fmt(a) for a in cell.accuracies_of(cell.budget_records)) or "no final accuracy"
+    return f"at E = {values('local_epochs')}, {rounds} round{'' if rounds == '1' else 's'}, " \
+           f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: {figures}"
+
+
+def budget_text(cell: Cell) -> str:
+    acc = cell.accuracies_of(cell.budget_records)
+    gap = f" ({np.mean(acc) - cell.paper_value:+.1f} from the paper)" if acc else ""
+    return (f"**at the paper's budget** ({protocol_of(cell.budget_records)}): "
+            f"{', '.join(_fmt(a) for a in acc) or 'no final accuracy'}{gap}, not in the mean")
 
 
 def per_client_text(cell: Cell) -> str:
@@ -252,7 +292,8 @@ def headline(cells: list[Cell]) -> str:
             text += f", {len(ran) - len(outside)} within {WITHIN_POINTS:g} points of the paper"
             if outside:
                 text += "; outside: " + "; ".join(f"{c.data} {c.setting} {c.method} {_fmt(c.mean)} vs {c.paper_value:.1f}"
-                                                  + (f" ({diverged_text(c)})" if c.diverged else "") for c in outside)
+                                                  + (f" ({diverged_text(c)})" if c.diverged else "")
+                                                  + (f" ({budget_short(c)})" if c.budget_records else "") for c in outside)
         lines.append(text + ".")
     return "\n".join(lines) + "\n"
 

@@ -192,3 +192,30 @@ def test_runs_evaluated_per_client_show_the_interval_and_the_global_accuracy(tmp
                                        "50.0 ± 4.0 over 50 clients, global 40.0; 46.0 ± 6.0 over 50 clients, "
                                        "global 40.0; fewer rounds")
     assert b[6] == "40.0 ± 0.0 (40.0, 40.0)"
+
+
+def test_runs_at_the_papers_budget_are_shown_beside_the_cell_and_kept_out_of_its_mean(tmp_path):
+    for seed, final in enumerate([0.80, 0.82, 0.84]):
+        fake_run(tmp_path / "runs" / "fedov" / f"seed{seed}", [final], seed, epochs=20)
+    fake_run(tmp_path / "runs" / "fedov_e200" / "seed0", [0.86], 0, epochs=200)
+    training = tmp_path / "runs" / "fedov_e200" / "seed1" / "checkpoints"
+    training.mkdir(parents=True)
+    (training / "last.ckpt").write_bytes(b"")  # still training: not shown yet
+    path = spec(tmp_path, """
+  - {id: a, paper: P, data: D, setting: S, method: M, paper_value: 88.9, paper_protocol: "E = 200", runs: runs/fedov,
+     budget_runs: runs/fedov_e200, differences: data copy}
+""")
+    (a,) = reproduction.load_cells(path)
+    (row,) = [line.split(" | ") for line in reproduction.write(path).splitlines()[2:3]]
+
+    assert (row[6], row[7], row[8]) == ("82.0 ± 2.0 (80.0, 82.0, 84.0)", "-6.9", "**no**")  # the E = 20 seeds only
+    assert row[10].rstrip(" |") == ("E = 20, 1 round, adam lr 0.001, seeds 0, 1, 2; data copy; **at the paper's "
+                                    "budget** (E = 200, 1 round, adam lr 0.001, seed 0): 86.0 (-2.9 from the paper), "
+                                    "not in the mean")
+    assert reproduction.headline([a]) == ("- **P**: 1 of 1 cells run, 0 within 3 points of the paper; outside: "
+                                          "D S M 82.0 vs 88.9 (at E = 200, 1 round, seed 0: 86.0).\n")
+    with pytest.raises(ValueError, match="cell 'a': budget_runs 'runs/typo' is not a folder"):
+        reproduction.load_cells(spec(tmp_path, """
+  - {id: a, paper: P, data: D, setting: S, method: M, paper_value: 88.9, paper_protocol: x, runs: runs/fedov,
+     budget_runs: runs/typo}
+"""))

@@ -1,0 +1,89 @@
+"""Client results saved as they arrive (run.checkpoint_clients): a run SIGKILLed in the middle
+of a round resumes without retraining the clients that had finished, and ends with exactly the
+metrics of an uninterrupted run; a fresh fit and a changed setting never reuse a saved result."""
+
+import os
+import signal
+
+import pytest
+
+from fl_lightning import cli
+from fl_lightning.client_journal import FOLDER
+from tests.conftest import outcome, tiny_args
+
+BATCHES_PER_CLIENT = 12  # 60 samples, B = 10, 2 epochs (tiny_args); 3 clients a round
+
+
+def args(run_dir, rounds, *extra):
+    return tiny_args(run_dir, "--federation.rounds", str(rounds), "--run.checkpoint_every", "1",
+                     "--run.checkpoint_clients", "true", *extra)
+
+
+@pytest.fixture
+def batches_trained(monkeypatch):
+    """Counts the training batches clients draw in this process from now on."""
+    from fl_lightning.data.batches import ClientBatches
+
+    draw, count = ClientBatches.__iter__, [0]
+
+    def counted(self):
+        for batch in draw(self):
+            count[0] += 1
+            yield batch
+
+    monkeypatch.setattr(ClientBatches, "__iter__", counted)
+    return count
+
+
+def fit_killed(spec, run_dir, rounds) -> None:
+    """``fit`` in a forked child that SIGKILLs itself at ``spec`` (tests/killpoints.py)."""
+    from tests import killpoints
+
+    pid = os.fork()
+    if pid == 0:
+        try:
+            killpoints.arm(spec)
+            cli.main(["fit", *args(run_dir, rounds)])
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"not killed at {spec}"
+
+
+# (rounds, kill point, where, clients whose results were saved before the kill)
+CASES = [
+    (1, "batch:30", "in the 3rd client of a one-round run (a one-shot method's whole run)", 2),
+    (2, "batch:66", "in round 2's 3rd client, after round 1's checkpoint", 2),
+    (1, "checkpoint_write:2", "while saving the 2nd client's result", 1),
+]
+
+
+@pytest.mark.parametrize("rounds, spec, where, saved", CASES, ids=[c[1] for c in CASES])
+def test_a_run_killed_mid_round_retrains_only_the_clients_without_a_saved_result(
+        tmp_path, batches_trained, rounds, spec, where, saved):
+    straight = cli.main(["fit", *args(tmp_path / "straight", rounds)])
+    assert not (tmp_path / "straight" / FOLDER).exists()  # cleared when the fit ends
+    run = tmp_path / "run"
+    fit_killed(spec, run, rounds)
+    assert len(list((run / FOLDER).glob(f"round-{rounds:04d}/client-*.pt"))) == saved
+    batches_trained[0] = 0
+
+    resumed = cli.main(["fit", *args(run, rounds), "--ckpt_path", "last"])
+
+    assert batches_trained[0] == (3 - saved) * BATCHES_PER_CLIENT, where
+    assert outcome(resumed) == outcome(straight) and resumed["final_accuracy"] == straight["final_accuracy"]
+    assert not (run / FOLDER).exists()
+
+
+def test_a_fresh_fit_or_a_changed_setting_trains_every_client_again(tmp_path, batches_trained):
+    run = tmp_path / "run"
+    fit_killed("batch:30", run, 1)
+    batches_trained[0] = 0
+    cli.main(["fit", *args(run, 1, "--federation.batch_size", "20"), "--ckpt_path", "last"])
+    assert batches_trained[0] == 3 * BATCHES_PER_CLIENT // 2  # other batches: nothing reused
+
+    fresh = tmp_path / "fresh"
+    fit_killed("batch:30", fresh, 1)
+    batches_trained[0] = 0
+    cli.main(["fit", *args(fresh, 1)])  # no --ckpt_path: a fresh run
+    assert batches_trained[0] == 3 * BATCHES_PER_CLIENT
