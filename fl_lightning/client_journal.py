@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -124,6 +125,9 @@ class JournaledExecutor:
                 saved[position] = result
                 if on_result is not None:
                     on_result(result, len(saved), len(jobs))
+        if saved:
+            print(f"round {round_index}: reusing the saved results of clients "
+                  f"{sorted(r.client_id for r in saved.values())} (run.checkpoint_clients)", file=sys.stderr)
         todo = [p for p in range(len(jobs)) if p not in saved]
         print_of = {jobs[p][0].client_id: prints[p] for p in todo}
 

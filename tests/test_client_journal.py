@@ -60,7 +60,7 @@ CASES = [
 
 @pytest.mark.parametrize("rounds, spec, where, saved", CASES, ids=[c[1] for c in CASES])
 def test_a_run_killed_mid_round_retrains_only_the_clients_without_a_saved_result(
-        tmp_path, batches_trained, rounds, spec, where, saved):
+        tmp_path, capsys, batches_trained, rounds, spec, where, saved):
     straight = cli.main(["fit", *args(tmp_path / "straight", rounds)])
     assert not (tmp_path / "straight" / FOLDER).exists()  # cleared when the fit ends
     run = tmp_path / "run"
@@ -71,6 +71,7 @@ def test_a_run_killed_mid_round_retrains_only_the_clients_without_a_saved_result
     resumed = cli.main(["fit", *args(run, rounds), "--ckpt_path", "last"])
 
     assert batches_trained[0] == (3 - saved) * BATCHES_PER_CLIENT, where
+    assert f"round {rounds}: reusing the saved results of clients" in capsys.readouterr().err
     assert outcome(resumed) == outcome(straight) and resumed["final_accuracy"] == straight["final_accuracy"]
     assert not (run / FOLDER).exists()
 
