@@ -201,7 +201,8 @@ class Federation:
         if ckpt_path:
             self.load_state_dict(load_checkpoint(ckpt_path))
         with run_dir_lock(self.run_dir):
-            journal = ClientJournal(self.run_dir, _run_key(self.config)) if self.run.checkpoint_clients else None
+            journal = (ClientJournal(self.run_dir, json.dumps(_fixed_settings(self.config), sort_keys=True, default=str))
+                       if self.run.checkpoint_clients else None)
             if journal is not None and not (bool(ckpt_path) if resume is None else resume):
                 journal.clear()
             return self._run_rounds(executor, journal)
@@ -386,15 +387,11 @@ class Federation:
         return path
 
 
-def _run_key(config: dict, prefix: str = "") -> str | dict:
-    """The settings a resume may not change (those of ``_config_differences``), as JSON."""
-    kept = {}
-    for key, value in config.items():
-        dotted = f"{prefix}{key}"
-        if dotted in _RESUMABLE_CHANGES or key == "config" and not prefix:
-            continue
-        kept[key] = _run_key(value, dotted + ".") if isinstance(value, dict) else value
-    return kept if prefix else json.dumps(kept, sort_keys=True, default=str)
+def _fixed_settings(config: dict, prefix: str = "") -> dict:
+    """The settings a resume may not change (those ``_config_differences`` compares)."""
+    return {key: _fixed_settings(value, f"{prefix}{key}.") if isinstance(value, dict) else value
+            for key, value in config.items()
+            if f"{prefix}{key}" not in _RESUMABLE_CHANGES and not (key == "config" and not prefix)}
 
 
 def _config_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
