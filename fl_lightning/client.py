@@ -230,15 +230,22 @@ def collect(outcomes, total: int, on_result: Optional[Callable[[ClientResult, in
     """(results, failures) of a phase's outcomes in job order, whichever executor produced them
     (in process, worker processes, cohorts, Flower SuperNodes); ``on_result(result, done,
     total)`` after each success."""
-    results, failures = [], []
-    for outcome in outcomes:
-        if isinstance(outcome, ClientFailure):
-            failures.append(outcome)
-            continue
-        results.append(outcome)
-        if on_result is not None:
-            on_result(outcome, len(results) + len(failures), total)
-    return results, failures
+    return collect_as_finished(enumerate(outcomes), total, on_result)
+
+
+def collect_as_finished(positioned, total: int, on_result: Optional[Callable[[ClientResult, int, int], None]] = None
+                        ) -> tuple[list[ClientResult], list[ClientFailure]]:
+    """``collect`` for (job position, outcome) pairs in the order the clients finish:
+    ``on_result`` as each arrives (a saved result, run.checkpoint_clients, need not wait for
+    a slower client started before it), the lists in job order (the aggregation's order)."""
+    arrived: dict[int, object] = {}
+    for position, outcome in positioned:
+        arrived[position] = outcome
+        if on_result is not None and not isinstance(outcome, ClientFailure):
+            on_result(outcome, len(arrived), total)
+    ordered = [arrived[p] for p in sorted(arrived)]
+    return ([o for o in ordered if not isinstance(o, ClientFailure)],
+            [o for o in ordered if isinstance(o, ClientFailure)])
 
 
 def resolve_engine(cfg: TrainerConfig) -> str:
@@ -275,8 +282,9 @@ def cohort_groups(jobs: Sequence[tuple[ClientTask, np.ndarray]], find_plugin, co
     return cohorts, alone
 
 
-def _worker_train(args):
-    return guarded_train(_WORKER_CTX, *args)
+def _worker_train(positioned_args):
+    position, args = positioned_args
+    return position, guarded_train(_WORKER_CTX, *args)
 
 
 class ClientExecutor:
@@ -314,12 +322,12 @@ class ClientExecutor:
         rounds (client id -> tensors; the caller keeps the results' new ``client_state``)."""
         states = client_states or {}
         if self.engine == "cohort":
-            produced = self._run_cohorts(jobs, round_index, states)
-        else:
-            args = [(task, indices, round_index, states.get(task.client_id)) for task, indices in jobs]
-            produced = (self._pool.imap(_worker_train, args, chunksize=1) if self._pool is not None
-                        else (guarded_train(self.ctx, *a) for a in args))
-        return collect(produced, len(jobs), on_result)
+            return collect(self._run_cohorts(jobs, round_index, states), len(jobs), on_result)
+        args = [(task, indices, round_index, states.get(task.client_id)) for task, indices in jobs]
+        if self._pool is not None:
+            finished = self._pool.imap_unordered(_worker_train, list(enumerate(args)), chunksize=1)
+            return collect_as_finished(finished, len(jobs), on_result)
+        return collect((guarded_train(self.ctx, *a) for a in args), len(jobs), on_result)
 
     def _run_cohorts(self, jobs: Sequence[tuple[ClientTask, np.ndarray]], round_index: int, states: dict[int, State]):
         """Outcomes in job order: stackable tasks trained as cohorts, the rest per client."""

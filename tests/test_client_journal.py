@@ -88,3 +88,23 @@ def test_a_fresh_fit_or_a_changed_setting_trains_every_client_again(tmp_path, ba
     batches_trained[0] = 0
     cli.main(["fit", *args(fresh, 1)])  # no --ckpt_path: a fresh run
     assert batches_trained[0] == 3 * BATCHES_PER_CLIENT
+
+
+def test_results_are_handed_on_as_clients_finish_and_returned_in_job_order():
+    """Worker processes finish in any order: each result reaches on_result (and the journal) as
+    it arrives, not after a slower client started before it; the lists keep job order."""
+    import torch
+
+    from fl_lightning.client import ClientFailure, collect_as_finished
+    from fl_lightning.messages import ClientResult
+
+    def result(k):
+        return ClientResult(k, {"w": torch.zeros(1)}, num_samples=10)
+
+    finished = [(2, result(12)), (0, ClientFailure(10, "timeout")), (3, result(13)), (1, result(11))]
+    seen = []
+
+    results, failures = collect_as_finished(iter(finished), 4, lambda r, done, total: seen.append((r.client_id, done)))
+
+    assert seen == [(12, 1), (13, 3), (11, 4)]
+    assert [r.client_id for r in results] == [11, 12, 13] and [f.client_id for f in failures] == [10]
