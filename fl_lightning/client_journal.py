@@ -13,6 +13,11 @@ only for the task it is about to send with the same fingerprint, and trains the 
 results are the ones an uninterrupted run computes (client training is seeded by run seed,
 round and client). Other rounds' folders go when a round starts, and the whole folder when
 the fit ends.
+
+The fingerprint covers settings and data, not code: each result also records the git commit
+that trained it, and a resume that reuses results of another commit (or of a checkout with
+uncommitted changes) says so, since a change to client training in between would mix two
+versions of the code in one round.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 
 from fl_lightning.checkpoint import save_atomic
 from fl_lightning.messages import ClientResult, ClientTask, State
+from fl_lightning.provenance import git_state
 
 FOLDER = Path("checkpoints") / "clients"
 
@@ -50,6 +56,7 @@ class ClientJournal:
     def __init__(self, run_dir: str | Path, run_key: str) -> None:
         self.root = Path(run_dir) / FOLDER
         self.run_key = run_key  # the run's settings that a resume may not change, as JSON
+        self.code = git_state()  # {"commit", "dirty"} of the code this process runs
 
     def folder(self, round_index: int) -> Path:
         return self.root / f"round-{round_index:04d}"
@@ -71,12 +78,12 @@ class ClientJournal:
         save_atomic({"fingerprint": fingerprint, "round": round_index, "client_id": result.client_id,
                      "params": result.params, "num_samples": result.num_samples, "classes": list(result.classes),
                      "train_loss": result.train_loss, "steps": result.steps, "payload": result.payload,
-                     "client_state": result.client_state},
+                     "client_state": result.client_state, "code": self.code},
                     self.path(round_index, result.client_id, fingerprint))
 
-    def load(self, round_index: int, client_id: int, fingerprint: str) -> Optional[ClientResult]:
-        """The saved result for exactly this task, or None (never saved, or unreadable: a file
-        cut short by a crash is only a client to train again)."""
+    def load(self, round_index: int, client_id: int, fingerprint: str) -> Optional[tuple[ClientResult, dict]]:
+        """The saved result for exactly this task and the code state that trained it, or None
+        (never saved, or unreadable: a file cut short by a crash is only a client to train again)."""
         path = self.path(round_index, client_id, fingerprint)
         if not path.is_file():
             return None
@@ -86,9 +93,10 @@ class ClientJournal:
             return None
         if saved.get("fingerprint") != fingerprint:
             return None
-        return ClientResult(client_id=saved["client_id"], params=saved["params"], num_samples=saved["num_samples"],
-                            classes=tuple(saved["classes"]), train_loss=saved["train_loss"], steps=saved["steps"],
-                            payload=saved["payload"], client_state=saved["client_state"])
+        result = ClientResult(client_id=saved["client_id"], params=saved["params"], num_samples=saved["num_samples"],
+                              classes=tuple(saved["classes"]), train_loss=saved["train_loss"], steps=saved["steps"],
+                              payload=saved["payload"], client_state=saved["client_state"])
+        return result, saved.get("code") or {"commit": None, "dirty": None}
 
     def keep_only(self, round_index: int) -> None:
         """Drop the folders of other rounds (finished rounds, or a run resumed from an earlier
@@ -100,6 +108,12 @@ class ClientJournal:
 
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _describe(code: dict) -> str:
+    if code.get("commit") is None:
+        return "code of unknown commit"
+    return f"commit {code['commit'][:10]}" + (" with uncommitted changes" if code.get("dirty") else "")
 
 
 class JournaledExecutor:
@@ -118,16 +132,22 @@ class JournaledExecutor:
         cache: dict[int, bytes] = {}
         prints = [self.journal.fingerprint(task, indices, round_index, states.get(task.client_id), cache)
                   for task, indices in jobs]
-        saved = {}
+        saved, other_code = {}, {}
         for position, ((task, _), fingerprint) in enumerate(zip(jobs, prints)):
-            result = self.journal.load(round_index, task.client_id, fingerprint)
-            if result is not None:
-                saved[position] = result
+            loaded = self.journal.load(round_index, task.client_id, fingerprint)
+            if loaded is not None:
+                saved[position], code = loaded
+                if code != self.journal.code or code.get("dirty"):
+                    other_code.setdefault(_describe(code), []).append(task.client_id)
                 if on_result is not None:
-                    on_result(result, len(saved), len(jobs))
+                    on_result(saved[position], len(saved), len(jobs))
         if saved:
             print(f"round {round_index}: reusing the saved results of clients "
                   f"{sorted(r.client_id for r in saved.values())} (run.checkpoint_clients)", file=sys.stderr)
+        for code, clients in other_code.items():
+            print(f"round {round_index}: clients {sorted(clients)} were trained by {code}, this run is "
+                  f"{_describe(self.journal.code)}: if client training changed in between, start afresh "
+                  f"(without --ckpt_path)", file=sys.stderr)
         todo = [p for p in range(len(jobs)) if p not in saved]
         print_of = {jobs[p][0].client_id: prints[p] for p in todo}
 

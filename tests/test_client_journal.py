@@ -3,6 +3,7 @@ of a round resumes without retraining the clients that had finished, and ends wi
 metrics of an uninterrupted run; a fresh fit and a changed setting never reuse a saved result."""
 
 import os
+import re
 import signal
 
 import pytest
@@ -88,6 +89,27 @@ def test_a_fresh_fit_or_a_changed_setting_trains_every_client_again(tmp_path, ba
     batches_trained[0] = 0
     cli.main(["fit", *args(fresh, 1)])  # no --ckpt_path: a fresh run
     assert batches_trained[0] == 3 * BATCHES_PER_CLIENT
+
+
+def test_a_resume_says_when_reused_results_were_trained_by_other_code(tmp_path, capsys, monkeypatch):
+    """The fingerprint covers settings and data, not code: results saved by another commit are
+    still reused (a session's commit between the kill and the resume may touch only docs), but
+    the resume names the clients and both commits, and says nothing when the code is the same."""
+    import fl_lightning.client_journal as journal
+
+    same = {"commit": "a" * 40, "dirty": False}
+    monkeypatch.setattr(journal, "git_state", lambda: same)
+    fit_killed("batch:30", tmp_path / "same", 1)
+    cli.main(["fit", *args(tmp_path / "same", 1), "--ckpt_path", "last"])
+    assert "were trained by" not in capsys.readouterr().err
+
+    fit_killed("batch:30", tmp_path / "other", 1)
+    monkeypatch.setattr(journal, "git_state", lambda: {"commit": "b" * 40, "dirty": True})
+    cli.main(["fit", *args(tmp_path / "other", 1), "--ckpt_path", "last"])
+    err = capsys.readouterr().err
+    reused = re.search(r"reusing the saved results of clients (\[[0-9, ]+\])", err).group(1)
+    assert (f"round 1: clients {reused} were trained by commit aaaaaaaaaa, this run is commit bbbbbbbbbb "
+            "with uncommitted changes") in err
 
 
 def test_results_are_handed_on_as_clients_finish_and_returned_in_job_order():
