@@ -21,8 +21,9 @@ traffic as a lower bound.
 
 Runs at the paper's budget that do not yet hold the cell's seeds (FedOV at E = 200 on two
 cores: 80 minutes a run) go in ``budget_runs``: the row and the headline show their figure and
-protocol beside the cell's, and the cell's mean and verdict stay those of ``runs``. Once they
-hold the seeds, ``runs`` points at them instead.
+protocol beside the cell's, and the cell's mean and verdict stay those of ``runs``; the
+headline also names a cell within 3 points whose budget runs are not. Once they hold the
+seeds, ``runs`` points at them instead.
 """
 
 from __future__ import annotations
@@ -84,6 +85,12 @@ class Cell:
         """Not a reproduction: the mean is more than WITHIN_POINTS from the paper's figure, or
         a seed diverged (the paper's method does not; its mean would read better than the runs)."""
         return self.mean is None or bool(self.diverged) or abs(self.mean - self.paper_value) > WITHIN_POINTS
+
+    def budget_off_by_more(self) -> bool:
+        """The runs at the paper's budget (shown beside the cell) are more than WITHIN_POINTS
+        from the paper's figure: a cell within at our budget must not hide them."""
+        acc = self.accuracies_of(self.budget_records)
+        return bool(acc) and abs(float(np.mean(acc)) - self.paper_value) > WITHIN_POINTS
 
     @property
     def mean(self) -> Optional[float]:
@@ -294,6 +301,11 @@ def headline(cells: list[Cell]) -> str:
                 text += "; outside: " + "; ".join(f"{c.data} {c.setting} {c.method} {_fmt(c.mean)} vs {c.paper_value:.1f}"
                                                   + (f" ({diverged_text(c)})" if c.diverged else "")
                                                   + (f" ({budget_short(c)})" if c.budget_records else "") for c in outside)
+            budget_outside = [c for c in ran if not c.off_by_more() and c.budget_off_by_more()]
+            if budget_outside:
+                text += "; within, but outside at the paper's budget: " + "; ".join(
+                    f"{c.data} {c.setting} {c.method} {_fmt(c.mean)} vs {c.paper_value:.1f} ({budget_short(c)})"
+                    for c in budget_outside)
         lines.append(text + ".")
     return "\n".join(lines) + "\n"
 

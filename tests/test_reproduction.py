@@ -214,6 +214,15 @@ def test_runs_at_the_papers_budget_are_shown_beside_the_cell_and_kept_out_of_its
                                     "not in the mean")
     assert reproduction.headline([a]) == ("- **P**: 1 of 1 cells run, 0 within 3 points of the paper; outside: "
                                           "D S M 82.0 vs 88.9 (at E = 200, 1 round, seed 0: 86.0).\n")
+    fake_run(tmp_path / "runs" / "closeset_e200" / "seed0", [0.925], 0, epochs=200)
+    (b,) = reproduction.load_cells(spec(tmp_path, """
+  - {id: b, paper: P, data: D, setting: S, method: M, paper_value: 84.0, paper_protocol: "E = 200", runs: runs/fedov,
+     budget_runs: runs/closeset_e200}
+"""))
+    assert not b.off_by_more()  # 82.0 vs 84.0 at E = 20; 92.5 at E = 200 must still reach the headline
+    assert reproduction.headline([b]) == ("- **P**: 1 of 1 cells run, 1 within 3 points of the paper; within, but "
+                                          "outside at the paper's budget: D S M 82.0 vs 84.0 (at E = 200, 1 round, "
+                                          "seed 0: 92.5).\n")
     with pytest.raises(ValueError, match="cell 'a': budget_runs 'runs/typo' is not a folder"):
         reproduction.load_cells(spec(tmp_path, """
   - {id: a, paper: P, data: D, setting: S, method: M, paper_value: 88.9, paper_protocol: x, runs: runs/fedov,
