@@ -287,6 +287,10 @@ def _gap(cell: Cell) -> str:
     return gap + (f"; {diverged_text(cell)}" if cell.diverged and cell.mean is not None else "")
 
 
+def _named(cell: Cell) -> str:
+    return f"{cell.data} {cell.setting} {cell.method} {_fmt(cell.mean)} vs {cell.paper_value:.1f}"
+
+
 def headline(cells: list[Cell]) -> str:
     """One line per paper: cells run, within 3 points, and every cell outside by name."""
     lines = []
@@ -298,14 +302,12 @@ def headline(cells: list[Cell]) -> str:
         if ran:
             text += f", {len(ran) - len(outside)} within {WITHIN_POINTS:g} points of the paper"
             if outside:
-                text += "; outside: " + "; ".join(f"{c.data} {c.setting} {c.method} {_fmt(c.mean)} vs {c.paper_value:.1f}"
-                                                  + (f" ({diverged_text(c)})" if c.diverged else "")
+                text += "; outside: " + "; ".join(_named(c) + (f" ({diverged_text(c)})" if c.diverged else "")
                                                   + (f" ({budget_short(c)})" if c.budget_records else "") for c in outside)
             budget_outside = [c for c in ran if not c.off_by_more() and c.budget_off_by_more()]
             if budget_outside:
                 text += "; within, but outside at the paper's budget: " + "; ".join(
-                    f"{c.data} {c.setting} {c.method} {_fmt(c.mean)} vs {c.paper_value:.1f} ({budget_short(c)})"
-                    for c in budget_outside)
+                    f"{_named(c)} ({budget_short(c)})" for c in budget_outside)
         lines.append(text + ".")
     return "\n".join(lines) + "\n"
 
