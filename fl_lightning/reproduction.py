@@ -20,7 +20,7 @@ exchanged (up + down, all clients) until then; a run that never reaches it shows
 traffic as a lower bound.
 
 Runs at the paper's budget that do not yet hold the cell's seeds (FedOV at E = 200 on two
-cores: about three hours a run) go in ``budget_runs``: the row and the headline show their figure and
+cores: two and a half to three hours a run) go in ``budget_runs``: the row and the headline show their figure and
 protocol beside the cell's, and the cell's mean and verdict stay those of ``runs``; the
 headline also names a cell within 3 points whose budget runs are not. Once they hold the
 seeds, ``runs`` points at them instead.
