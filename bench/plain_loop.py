@@ -81,8 +81,9 @@ def plain_fedov(fed) -> float:
     """FedOV's one round written by hand (W4): every client, one after another, trains its
     (n + 1)-way model with the same loss terms, batched destruction and FGSM as fl_lightning
     (the same functions, so only the framework around them differs); then open-set voting."""
-    from callbacks.outliers import fgsm_away_from
     from fl_lightning.algorithms.fedov.destruction import destroy
+    from fl_lightning.algorithms.fedov.objective import fgsm_away_from
+    from fl_lightning.functional import functional_forward
     from fl_lightning.algorithms.fedov.voting import open_set_vote
 
     fed.setup()
@@ -101,7 +102,8 @@ def plain_fedov(fed) -> float:
         for _ in range(f.local_epochs):
             for x, y in ClientBatches(d.train_x, d.train_y, idx, f.batch_size, gen):
                 destroyed = destroy(x, outlier_gen)
-                enhanced = fgsm_away_from(model, destroyed, unknown, s.fgsm_steps, s.fgsm_step_size)
+                enhanced = fgsm_away_from(functional_forward(model), dict(model.named_parameters()), destroyed,
+                                          torch.ones(len(destroyed)), unknown, s.fgsm_steps, s.fgsm_step_size)
                 opt.zero_grad()
                 feats = model.features(torch.cat([x, destroyed, enhanced]))
                 real, out_d, out_e = model.head(feats).split(len(x))

@@ -5,7 +5,7 @@ package). Every strategy configures it (``Strategy.configure_callbacks``)."""
 
 from __future__ import annotations
 
-from callbacks.base import FederatedCallback
+from fl_lightning.callbacks.base import FederatedCallback
 
 
 class Aggregation(FederatedCallback):

@@ -4,7 +4,7 @@ created (``AthenaFL.cluster``). Configured by ``AthenaFL.configure_callbacks``."
 
 from __future__ import annotations
 
-from callbacks.base import FederatedCallback
+from fl_lightning.callbacks.base import FederatedCallback
 
 
 class ClientClustering(FederatedCallback):

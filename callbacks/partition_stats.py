@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from callbacks.base import FederatedCallback
+from fl_lightning.callbacks.base import FederatedCallback
 
 
 class PartitionStatistics(FederatedCallback):

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The runs behind the README's reproduction table (reports/reproduction/cells.yaml), at the
+# The runs behind the reproduction table (docs/reproduction.md; reports/reproduction/cells.yaml), at the
 # budget the machine allows: SEEDS (default "0"), E (FedOV's local epochs, default 20; paper 200;
 # runs at another E are named with _e<E>, e.g. fmnist_C1_fedov_e200),
 # ROUNDS (Table II's budget, the same for every method, default 50; runs are named _r<ROUNDS>; the
@@ -16,10 +16,10 @@
 # command resumes them without retraining those clients (a run at E = 200 takes hours on two cores); a run
 # that fails without a checkpoint is removed. SELECT_PARALLEL=1 runs a learning-rate selection's grid points
 # at the same time (for a GPU machine with cores to spare; each run's threads: EXTRA). WORKERS (default 2) client processes per run; EXTRA: settings added to
-# every run (e.g. EXTRA="--trainer.accelerator gpu --data.idx_gz_dir .gpudata": the cohort engine
+# every run (e.g. EXTRA="--trainer.accelerator gpu": the cohort engine
 # on a GPU, where FedOVA's 100 rounds took 32 s on an H100, bench/results/gpu); PYTHON (default
 # .venv/bin/python). Then:
-#   python -m fl_lightning report --reproduction reports/reproduction/cells.yaml --readme README.md
+#   python -m fl_lightning report --reproduction reports/reproduction/cells.yaml --doc docs/reproduction.md --readme README.md --figures docs/figures
 # Hyper-parameters: the rule at the top of cells.yaml (each paper's stated values; nothing tuned).
 cd "$(dirname "$0")/.."
 OUT=reports/reproduction/runs
@@ -156,7 +156,7 @@ for L in ${TABLE1_SETTINGS:-2}; do
 done
 # CIFAR-10, only with CIFAR=1 (GPU work: experiments/reproduction_gpu.sh, TASKS=cifar). CIFAR_PACK:
 # read the images from a data.image_pack file (python -m fl_lightning.data.image_pack) instead of
-# data.offline_roots. FedOVA Table I (non-IID-2, VGG-11, the rest as the FMNIST rows; a round of
+# the files (data.root or the machine's copy in ../shared/data, docs/data.md). FedOVA Table I (non-IID-2, VGG-11, the rest as the FMNIST rows; a round of
 # VGG-11 costs about 12 min on a core; on an H200 with the cohort engine FedAvg's round took
 # 4.5-4.9 s and FedOVA's 8.1-9.4 s, one-round runs in commit 7f93069):
 # the configs' SGD with momentum 0.9, and the same rule for both methods with a grid one decade

@@ -42,7 +42,7 @@
 #   OUT_TAR=$OUT/runs.tgz bash experiments/reproduction_gpu.sh
 #   OUT_TAR=$OUT/runs.tgz TASKS=cifar SEEDS=0 bash experiments/reproduction_gpu.sh   (carry .whl .gpucifar)
 # Back here: tar xzf runs.tgz, then
-#   python -m fl_lightning report --reproduction reports/reproduction/cells.yaml --readme README.md
+#   python -m fl_lightning report --reproduction reports/reproduction/cells.yaml --doc docs/reproduction.md --readme README.md --figures docs/figures
 # (The CIFAR-10 pack: python -m fl_lightning.data.image_pack --data cifar10 --out .gpucifar/cifar10_q75.npz)
 set -u
 cd "$(dirname "$0")/.."
@@ -62,12 +62,16 @@ exec timeout -k 10 "$left" $REAL_PYTHON "$@"
 SH
 chmod +x "$T/python_until_deadline"
 export PYTHONPATH=$PWD:$T PYTHON="$T/python_until_deadline" PYTHONUNBUFFERED=1 WORKERS=1 FL_LIGHTNING_DATA=${FL_LIGHTNING_DATA:-/tmp/fl_data}
-export EXTRA="--trainer.accelerator ${ACCELERATOR:-gpu} --data.idx_gz_dir ${GZ:-$PWD/.gpudata} ${EXTRA:-}"
+export EXTRA="--trainer.accelerator ${ACCELERATOR:-gpu} ${EXTRA:-}"
 export LOGS=${LOGS:-/tmp/reproduction_logs}
-MNIST_RAW=$FL_LIGHTNING_DATA/MNIST/raw  # torchvision's layout under data.root: found before idx_gz_dir
-if ls "${MNIST_GZ:-$PWD/.gpumnist}"/*.gz > /dev/null 2>&1 && [ ! -d "$MNIST_RAW" ]; then
-  mkdir -p "$MNIST_RAW" && for f in "${MNIST_GZ:-$PWD/.gpumnist}"/*.gz; do gunzip -c "$f" > "$MNIST_RAW/$(basename "$f" .gz)"; done
-fi
+# Both sets unpacked into data.root ($FL_LIGHTNING_DATA) in torchvision's layout, where every run finds
+# them (a data.idx_gz_dir would be read by the MNIST runs too, and refused there as Fashion-MNIST).
+for pair in "FashionMNIST:${GZ:-$PWD/.gpudata}" "MNIST:${MNIST_GZ:-$PWD/.gpumnist}"; do
+  raw=$FL_LIGHTNING_DATA/${pair%%:*}/raw gz=${pair#*:}
+  if ls "$gz"/*.gz > /dev/null 2>&1 && [ ! -d "$raw" ]; then
+    mkdir -p "$raw" && for f in "$gz"/*.gz; do gunzip -c "$f" > "$raw/$(basename "$f" .gz)"; done
+  fi
+done
 [ "${ACCELERATOR:-gpu}" != gpu ] || python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))" || exit 1
 athena_rounds=${ATHENA_ROUNDS:-200}
 r_tag=$([ "$athena_rounds" = 200 ] || echo "_r$athena_rounds")  # reproduction.sh's names for ATHENA-FL's runs

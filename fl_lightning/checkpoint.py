@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from fl_lightning.interrupts import interrupt_behind
+
 REQUIRED_KEYS = frozenset({"round", "state", "sampler_state", "history", "config"})
 
 
@@ -31,8 +33,11 @@ def save_atomic(obj: Any, path: Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         tmp.unlink(missing_ok=True)
+        interrupt = interrupt_behind(error)
+        if interrupt is not None and interrupt is not error:
+            raise interrupt from None  # Ctrl-C, not torch's error about the write it cut short
         raise
     _fsync_folder(path.parent)
     for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a killed writer

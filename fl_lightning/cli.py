@@ -13,7 +13,8 @@ import sys
 from typing import Optional
 
 from fl_lightning.errors import RoundFailedError, RunDirInUseError
-from fl_lightning.settings import build_federation, evaluate_checkpoint, resolve_ckpt_path
+from fl_lightning.interrupts import RunInterrupted, stop_on_signals, stopped_line
+from fl_lightning.settings import build_federation, evaluate_checkpoint, metrics_path, resolve_ckpt_path
 
 
 def main(argv: Optional[list[str]] = None):
@@ -44,10 +45,13 @@ def main(argv: Optional[list[str]] = None):
                   f"{summary['final_accuracy']:.4f}; last: {summary['last_accuracy']:.4f}")
         print(f"summary: {federation.run_dir}/summary.json")
         return summary
-    if not ckpt_path:
-        parser.error(f"{command} needs --ckpt_path (a checkpoint written by fit)")
+    # validate/test: build_federation took the settings from the checkpoint (flags on top)
     metrics = evaluate_checkpoint(federation, ckpt_path, "test" if command == "test" else "train")
-    print(json.dumps({"round": federation.round, **metrics}, indent=1))
+    record = {"round": federation.round, **metrics}
+    print(json.dumps(record, indent=1))
+    path = metrics_path(ckpt_path, command)
+    path.write_text(json.dumps({"ckpt_path": str(ckpt_path), **record}, indent=1) + "\n")
+    print(f"metrics: {path}")
     return metrics
 
 
@@ -58,9 +62,16 @@ USER_ERRORS = (ValueError, OSError, FloatingPointError, RoundFailedError, RunDir
 def run(argv: Optional[list[str]] = None) -> int:
     """``main`` as a program: the exit status, with a user error answered by one ``error:``
     line on stderr and status 1 instead of a traceback (FL_LIGHTNING_TRACEBACK=1 shows it);
-    argument errors exit with 2 (the parser's own message)."""
+    argument errors exit with 2 (the parser's own message). Ctrl-C or SIGTERM stops a run
+    within seconds with one line saying how to resume, status 130 or 143
+    (fl_lightning/interrupts.py)."""
+    argv = list(argv if argv is not None else sys.argv[1:])
     try:
-        main(argv)
+        with stop_on_signals():
+            main(argv)
+    except RunInterrupted as stop:
+        print(f"fl_lightning: {stopped_line(stop, argv)}", file=sys.stderr, flush=True)
+        return stop.exit_status
     except USER_ERRORS as err:
         if os.environ.get("FL_LIGHTNING_TRACEBACK"):
             raise

@@ -4,11 +4,10 @@ main process or in worker processes (same results either way)."""
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -18,6 +17,7 @@ from torch import Tensor, nn
 from fl_lightning.config import FederationConfig, TrainerConfig
 from fl_lightning.messages import ClientResult, ClientTask, State
 from fl_lightning.plugins import client_plugin
+from fl_lightning.worker_pool import WorkerPool, notify
 
 
 @dataclass
@@ -115,6 +115,9 @@ class ClientContext:
     seed: int
     #: unlabelled public data the clients may use (FedKT's parties label it with their teachers)
     public_x: Optional[Tensor] = None
+    #: ``on_epoch(client_id, epoch, epochs)`` after each local epoch of a client's fit (progress);
+    #: called in the parent process whichever process trains the client
+    on_epoch: Optional[Callable[[int, int, int], None]] = None
 
 
 def make_trainer(ctx: ClientContext, epochs: int, callbacks: Sequence = ()):
@@ -149,13 +152,27 @@ def deadline_callbacks(ctx: ClientContext) -> list:
         "on_train_batch_end": lambda self, *args, **kwargs: deadline.check()})()]
 
 
+def progress_callbacks(ctx: ClientContext, client_id: int) -> list:
+    """``ctx.on_epoch`` as a Lightning callback: a report after every local epoch (a plug-in
+    that fits several modules reports each fit's epochs)."""
+    if ctx.on_epoch is None:
+        return []
+    from lightning.pytorch.callbacks import Callback
+
+    report = ctx.on_epoch
+    return [type("EpochProgress", (Callback,), {
+        "on_train_epoch_end": lambda self, trainer, module: report(client_id, trainer.current_epoch + 1,
+                                                                   trainer.max_epochs)})()]
+
+
 def train_client(ctx: ClientContext, task: ClientTask, indices: np.ndarray, round_index: int,
                  client_state: Optional[State] = None) -> ClientResult:
     """One client's local training by the plug-in of its task's kind; ``client_state`` is what
     this client kept from its earlier rounds."""
     seed = client_seed(ctx.seed, round_index, task.client_id)
     torch.manual_seed(seed)
-    return client_plugin(task.kind).train(ctx, task, indices, seed, deadline_callbacks(ctx), dict(client_state or {}))
+    callbacks = [*deadline_callbacks(ctx), *progress_callbacks(ctx, task.client_id)]
+    return client_plugin(task.kind).train(ctx, task, indices, seed, callbacks, dict(client_state or {}))
 
 
 def fit_module(ctx: ClientContext, module, batches, epochs: int, callbacks: Sequence = ()):
@@ -189,8 +206,15 @@ _WORKER_CTX: Optional[ClientContext] = None
 
 
 def _worker_init(threads: int) -> None:
+    global _WORKER_CTX
     torch.set_num_threads(threads)
     quiet_lightning()
+    if _WORKER_CTX is not None and _WORKER_CTX.on_epoch is not None:  # the parent's reporter: sent to it
+        _WORKER_CTX = replace(_WORKER_CTX, on_epoch=_epoch_to_parent)
+
+
+def _epoch_to_parent(client_id: int, epoch: int, epochs: int) -> None:
+    notify(("epoch", client_id, epoch, epochs))
 
 
 def guarded_train(ctx: ClientContext, task: ClientTask, indices: np.ndarray, round_index: int,
@@ -284,12 +308,21 @@ def cohort_groups(jobs: Sequence[tuple[ClientTask, np.ndarray]], find_plugin, co
 
 def _worker_train(positioned_args):
     position, args = positioned_args
-    return position, guarded_train(_WORKER_CTX, *args)
+    return guarded_train(_WORKER_CTX, *args)
+
+
+def _from_workers(finished):
+    """(job position, outcome) of the pool's finished jobs; a job whose worker raised outside
+    ``guarded_train`` or died (killed, out of memory) drops its client."""
+    for (position, args), outcome, error in finished:
+        yield position, (ClientFailure(args[0].client_id, error) if error is not None else outcome)
 
 
 class ClientExecutor:
     """Trains a round's clients. With ``workers > 1`` on a CPU, forked processes (one torch
-    thread each unless set) share the data set's memory with the parent."""
+    thread each unless set) share the data set's memory with the parent
+    (fl_lightning/worker_pool.py: a worker that dies drops its client instead of hanging the
+    round, and ``terminate()`` ends them at once)."""
 
     def __init__(self, ctx: ClientContext) -> None:
         global _WORKER_CTX
@@ -309,10 +342,10 @@ class ClientExecutor:
             from fl_lightning.cohort.engine import CohortTrainer
 
             self.parallel = False  # one process trains the whole cohort
-            self._cohorts = CohortTrainer(ctx, make_trainer)
+            self._cohorts = CohortTrainer(ctx, make_trainer, lambda: deadline_callbacks(ctx))
         if self.parallel:
             _WORKER_CTX = ctx  # inherited by fork, never pickled
-            self._pool = mp.get_context("fork").Pool(cfg.workers, initializer=_worker_init, initargs=(threads,))
+            self._pool = WorkerPool(cfg.workers, _worker_train, initializer=_worker_init, initargs=(threads,))
 
     def run(self, jobs: Sequence[tuple[ClientTask, np.ndarray]], round_index: int,
             on_result: Optional[Callable[[ClientResult, int, int], None]] = None,
@@ -325,8 +358,8 @@ class ClientExecutor:
             return collect(self._run_cohorts(jobs, round_index, states), len(jobs), on_result)
         args = [(task, indices, round_index, states.get(task.client_id)) for task, indices in jobs]
         if self._pool is not None:
-            finished = self._pool.imap_unordered(_worker_train, list(enumerate(args)), chunksize=1)
-            return collect_as_finished(finished, len(jobs), on_result)
+            finished = self._pool.imap_unordered(list(enumerate(args)), on_note=self._note)
+            return collect_as_finished(_from_workers(finished), len(jobs), on_result)
         return collect((guarded_train(self.ctx, *a) for a in args), len(jobs), on_result)
 
     def _run_cohorts(self, jobs: Sequence[tuple[ClientTask, np.ndarray]], round_index: int, states: dict[int, State]):
@@ -354,8 +387,17 @@ class ClientExecutor:
                 outcomes[position] = outcome
         return [outcomes[p] for p in range(len(jobs))]
 
+    def _note(self, note) -> None:
+        if note[0] == "epoch" and self.ctx.on_epoch is not None:
+            self.ctx.on_epoch(*note[1:])
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
-            self._pool.join()
+            self._pool = None
+
+    def terminate(self) -> None:
+        """Stop now (an interrupt, an error): worker processes are killed, not waited for."""
+        if self._pool is not None:
+            self._pool.terminate()
             self._pool = None

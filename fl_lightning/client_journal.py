@@ -98,6 +98,11 @@ class ClientJournal:
                               payload=saved["payload"], client_state=saved["client_state"])
         return result, saved.get("code") or {"commit": None, "dirty": None}
 
+    def count(self, round_index: int) -> int:
+        """How many client results of ``round_index`` are saved."""
+        folder = self.folder(round_index)
+        return len(list(folder.glob("client-*.pt"))) if folder.is_dir() else 0
+
     def keep_only(self, round_index: int) -> None:
         """Drop the folders of other rounds (finished rounds, or a run resumed from an earlier
         checkpoint)."""
@@ -164,3 +169,6 @@ class JournaledExecutor:
 
     def close(self) -> None:
         self.executor.close()
+
+    def terminate(self) -> None:
+        getattr(self.executor, "terminate", self.executor.close)()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 DATA_ROOT_ENV = "FL_LIGHTNING_DATA"
 
@@ -24,14 +24,20 @@ class DataConfig:
             ``root`` or an offline root) | synthetic (small generated images, for tests) |
             speech_commands (Speech Commands, 10 keywords, 50x16 MFCC) | fsdd (Free Spoken Digit
             Dataset, digits 0-9, 50x16 MFCC; the offline stand-in for keyword spotting).
-        root: writable folder in torchvision's layout; defaults to $FL_LIGHTNING_DATA,
-            else ~/.cache/fl_lightning/data. Speech downloads land here, and the cached MFCC
-            features of both speech corpora under ``root/kws_features/``.
-        offline_roots: read-only folders in torchvision's layout searched when ``root`` lacks
-            the files (e.g. ../shared/data for MNIST and CIFAR-10).
-        idx_gz_dir: a folder holding the original ``*-ubyte.gz`` files of an (F)MNIST set, such
-            as Debian's /usr/share/datasets/fashion-mnist; they are unpacked into ``root``.
-        download: let torchvision download missing files (needs internet).
+        root: the one folder data are written to (downloads, unpacked copies, feature caches),
+            in torchvision's layout; unset: $FL_LIGHTNING_DATA, else ~/.cache/fl_lightning/data.
+            Read-only copies the machine already has (../shared/data beside the checkout,
+            Debian's /usr/share/datasets/fashion-mnist) are found without a setting
+            (fl_lightning/data/sources.py, docs/data.md).
+        offline_roots: more read-only folders in torchvision's layout, searched after ``root``;
+            each must exist.
+        idx_gz_dir: a folder holding the original ``*-ubyte.gz`` files of an (F)MNIST set; read
+            (unpacked into ``root``) in preference to any other copy, and an error when it lacks them.
+        download: download missing files into ``root`` (needs internet, or ``mirror``).
+        mirror: a base URL serving the original files under their original names (a local
+            mirror of torchvision's: ``train-images-idx3-ubyte.gz``, ``cifar-10-python.tar.gz``,
+            ``train_32x32.mat``, ...); ``download`` fetches from it instead of torchvision's
+            mirrors. The md5 sums are still checked (image sets only).
         check_integrity: verify torchvision's md5 sums (CIFAR-10, SVHN); turn off for rebuilt
             copies such as the offline CIFAR-10 in shared/data, whose pickles differ from the originals.
         synthetic_size: training samples of the synthetic set (its test set is a quarter).
@@ -54,13 +60,17 @@ class DataConfig:
             lossy already (shared/data's CIFAR-10); the pack records how much it changed them.
         image_size: resize every image to image_size x image_size (bilinear) after loading;
             ATHENA-FL extends MNIST/FMNIST to 32x32 (Section 5). Unset: the native size.
+        standardize: image sets only: standardise each channel with the training set's mean
+            and std (true), or keep the raw [0, 1] pixels (false), as FedOV's code trains
+            (docs/reproduction_readings.md).
     """
 
     name: Literal["fashion_mnist", "mnist", "cifar10", "svhn", "synthetic", "speech_commands", "fsdd"] = "fashion_mnist"
     root: Optional[str] = None
-    offline_roots: list[str] = field(default_factory=lambda: ["../shared/data"])
+    offline_roots: list[str] = field(default_factory=list)
     idx_gz_dir: Optional[str] = None
     download: bool = False
+    mirror: Optional[str] = None
     check_integrity: bool = True
     synthetic_size: int = 2000
     test_subset: int = 0
@@ -70,6 +80,7 @@ class DataConfig:
     mfcc_mels: int = 40
     image_pack: Optional[str] = None
     image_size: Optional[int] = None
+    standardize: bool = True
 
 
 @dataclass
@@ -89,6 +100,11 @@ class PartitionConfig:
         validation_fraction: every client keeps this fraction of its samples out of training
             as a local validation split (federated evaluation: clients report correct/total);
             0 turns it off. ATHENA-FL's convergence criterion and detector ranking use it.
+        rng: whose random stream draws the split. numpy: fl_lightning's own (a numpy Generator
+            seeded with the run's seed). niid_bench: NIID-Bench's code (utils.py partition_data,
+            identical in FedOV's repository) replayed draw for draw, so a seed gives the clients
+            the same classes and samples as that code's --init_seed; iid, num_labels and
+            dirichlet only.
     """
 
     scheme: Literal["iid", "non_iid_l", "num_labels", "label_groups", "dirichlet"] = "non_iid_l"
@@ -98,6 +114,7 @@ class PartitionConfig:
     min_samples: int = 10
     share_fraction: float = 0.0
     validation_fraction: float = 0.0
+    rng: Literal["numpy", "niid_bench"] = "numpy"
 
 
 @dataclass
@@ -249,15 +266,25 @@ class RunConfig:
             the end); 0 only at the end.
         logger: csv | wandb (honours WANDB_MODE=offline) | none.
         wandb_project: W&B project name.
-        progress: one console line per round.
+        progress: progress on stderr (callbacks/logging.py, docs/running.md): ``bar`` (a live
+            line redrawn after every client and local epoch), ``lines`` (one line per round,
+            per finished client, and per epoch at most every 10 s), ``off``; ``auto`` (or
+            true): ``bar`` on a terminal, else ``lines``; false: ``off``. With an ETA for the
+            round and the run.
         checkpoint_clients: also save each client's result as it arrives, so a run stopped in
-            the middle of a round (a one-shot method's only round) resumes (``--ckpt_path``)
-            without retraining the clients that had finished (fl_lightning/client_journal.py).
+            the middle of a round resumes (``--ckpt_path last``) without retraining the
+            clients that had finished (fl_lightning/client_journal.py). Unset: on when the run
+            has one round (a one-shot method: FedOV's ten clients train for hours in it), off
+            otherwise (a checkpoint every few rounds loses little).
+        overwrite: a fit into a run.dir that holds a run (summary.json, a checkpoint or saved
+            client results) deletes that run's results first; without it such a fit is refused
+            unless it resumes (``--ckpt_path last``).
     """
 
     dir: str = "runs/default"
     checkpoint_every: int = 10
     logger: Literal["csv", "wandb", "none"] = "csv"
     wandb_project: str = "fl_lightning"
-    progress: bool = True
-    checkpoint_clients: bool = False
+    progress: Union[bool, Literal["auto", "bar", "lines", "off"]] = "auto"
+    checkpoint_clients: Optional[bool] = None
+    overwrite: bool = False

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from torchmetrics.classification import MulticlassAccuracy
 
-from callbacks import Checkpointing, ConsoleProgress, FederatedCallback, MetricsLogger, PartitionStatistics
+from fl_lightning.callbacks import Checkpointing, ConsoleProgress, FederatedCallback, MetricsLogger, PartitionStatistics
+from fl_lightning.callbacks.logging import progress_mode
 from fl_lightning.checkpoint import load_checkpoint
 from fl_lightning.client import ClientContext, ClientExecutor, resolve_accelerator
 from fl_lightning.client_journal import ClientJournal, JournaledExecutor
@@ -23,8 +24,10 @@ from fl_lightning.config import (DataConfig, FederationConfig, ModelConfig, Opti
 from fl_lightning.data import load_dataset, partition_clients, partition_table
 from fl_lightning.data.preprocess import hold_out_validation, resize_images
 from fl_lightning.errors import RoundFailedError
+from fl_lightning.interrupts import RunInterrupted
 from fl_lightning.per_client_eval import client_accuracy_summary, per_client_metrics
 from fl_lightning.provenance import reproducibility_info
+from fl_lightning.run_dir import held_run, refuse_or_clear
 from fl_lightning.run_lock import run_dir_lock
 from fl_lightning.models import build_architecture, check_architecture_options
 from fl_lightning.strategy import ServerContext, Strategy
@@ -34,8 +37,8 @@ EVAL_BATCH = 500
 GPU_EVAL_BATCH = 5000  # a GPU evaluates the test set in two launches per model instead of twenty
 # Settings that may differ between a checkpoint and the run resuming it.
 _RESUMABLE_CHANGES = {"federation.rounds", "run", "trainer", "data.root", "data.offline_roots", "data.idx_gz_dir",
-                      "data.download", "data.speech_commands_dir", "data.fsdd_dir", "federation.eval_every", "ckpt_path",
-                      "federation.per_client_eval", "federation.on_divergence"}
+                      "data.mirror", "data.download", "data.speech_commands_dir", "data.fsdd_dir", "federation.eval_every",
+                      "ckpt_path", "federation.per_client_eval", "federation.on_divergence"}
 # Settings added after checkpoints were written: a checkpoint without one matches its default.
 _ADDED_SETTINGS = {"model.hidden_units": 0, "optimizer.history": 10, "optimizer.damping": 1e-3,
                    "optimizer.max_step_norm": None, "federation.on_divergence": "error"}
@@ -74,6 +77,10 @@ class Federation:
         # what each client keeps between rounds (SCAFFOLD's c_i): held for the simulated clients
         # and checkpointed with the federation, never counted as communication
         self.client_states: dict[int, dict[str, torch.Tensor]] = {}
+        #: ``state_dict()`` as of the last finished round, while nothing has changed it since (None
+        #: once the next round's server step starts): what an interrupted run saves
+        self.resume_point: Optional[dict[str, Any]] = None
+        self._stage = ("after", 0, 0)  # (clients | server | after, round, clients in the round)
         self._data = None
 
     def _validate(self) -> None:
@@ -95,9 +102,16 @@ class Federation:
     def default_callbacks(self) -> list[FederatedCallback]:
         cbs: list[FederatedCallback] = [PartitionStatistics(), MetricsLogger(self.run.logger, self.run.wandb_project),
                                         Checkpointing(self.run.checkpoint_every)]
-        if self.run.progress:
-            cbs.insert(1, ConsoleProgress())
+        mode = progress_mode(self.run.progress)
+        if mode != "off":
+            cbs.insert(1, ConsoleProgress(mode=mode))
         return cbs
+
+    def keeps_client_results(self) -> bool:
+        """run.checkpoint_clients; unset: on for a one-round run (a one-shot method's hours-long
+        round), off otherwise."""
+        keep = self.run.checkpoint_clients
+        return self.federation.rounds == 1 if keep is None else keep
 
     # ---- setup ---------------------------------------------------------------------------
     def setup(self) -> None:
@@ -196,30 +210,48 @@ class Federation:
         runs, a second fit into the same run.dir is refused (fl_lightning.run_lock).
         ``resume`` (default: whether ``ckpt_path`` is given; the CLI's ``--ckpt_path last``
         before any checkpoint also resumes): with ``run.checkpoint_clients``, reuse the client
-        results saved in the round a stopped run was in; a fresh fit discards them."""
+        results saved in the round a stopped run was in; a fresh fit discards them. A fresh fit
+        into a run.dir that holds a run is refused unless ``run.overwrite`` (fl_lightning/run_dir.py)."""
+        resuming = bool(ckpt_path) if resume is None else resume
+        if not resuming and not self.run.overwrite and held_run(self.run_dir):
+            with run_dir_lock(self.run_dir):  # refused before the data loads (in use: the lock says so)
+                refuse_or_clear(self.run_dir, overwrite=False)
         self.setup()
         if ckpt_path:
             self.load_state_dict(load_checkpoint(ckpt_path))
         with run_dir_lock(self.run_dir):
+            if not resuming:  # under the lock: never deletes a running fit's files
+                refuse_or_clear(self.run_dir, self.run.overwrite)
             journal = (ClientJournal(self.run_dir, json.dumps(_fixed_settings(self.config), sort_keys=True, default=str))
-                       if self.run.checkpoint_clients else None)
-            if journal is not None and not (bool(ckpt_path) if resume is None else resume):
+                       if self.keeps_client_results() else None)
+            if journal is not None and not resuming:
                 journal.clear()
+            if resuming:
+                print(self._resumed(ckpt_path, journal), file=sys.stderr)
             return self._run_rounds(executor, journal)
+
+    def _resumed(self, ckpt_path: Optional[str], journal: Optional[ClientJournal]) -> str:
+        """What a resume starts from (the journal says later which saved clients it reuses)."""
+        rounds = self.federation.rounds
+        line = (f"resumed from {ckpt_path} at round {self.round} of {rounds}" if ckpt_path
+                else f"resumed at round 0 of {rounds} (no checkpoint yet)")
+        saved = journal.count(self.round + 1) if journal is not None else 0
+        return line + (f"; {saved} saved client results of round {self.round + 1} found" if saved else "")
 
     def _run_rounds(self, executor, journal: Optional[ClientJournal] = None) -> dict[str, Any]:
         d = self._data
         if executor is None:
             public_x = None if self.public_x is None else self.public_x.to(d.train_x.device)
             executor = ClientExecutor(ClientContext(d.train_x, d.train_y, self.template, self.federation,
-                                                    self.trainer_cfg, self.seed, public_x))
+                                                    self.trainer_cfg, self.seed, public_x, on_epoch=self._client_epoch))
         if journal is not None:
             executor = JournaledExecutor(executor, journal)
         started = time.perf_counter()
-        for cb in self.callbacks:
-            cb.on_fit_start(self)
+        self._finished_round(self.round)
         diverged = None
         try:
+            for cb in self.callbacks:
+                cb.on_fit_start(self)
             for round_index in range(self.round + 1, self.federation.rounds + 1):
                 if self.strategy.is_finished(self.state):
                     break
@@ -234,10 +266,15 @@ class Federation:
                     break
                 self.round = round_index
                 self.history.append(metrics)
+                self._finished_round(round_index)
                 for cb in self.callbacks:
                     cb.on_round_end(self, round_index, metrics)
-        finally:
             executor.close()
+        except BaseException as error:
+            getattr(executor, "terminate", executor.close)()  # workers are killed, not waited for
+            if isinstance(error, RunInterrupted):
+                self._stopping(error, journal)
+            raise
         summary = self.summary(time.perf_counter() - started)
         if diverged is not None:  # the rounds before it are no final accuracy of the run
             summary.update(final_accuracy=None, diverged=diverged)
@@ -248,8 +285,33 @@ class Federation:
             journal.clear()
         return summary
 
+    def _finished_round(self, round_index: int) -> None:
+        # containers copied, tensors shared: the next round replaces them before changing any
+        self._stage = ("after", round_index, 0)
+        self.resume_point = {**self.state_dict(), "state": dict(self.state), "history": list(self.history),
+                             "client_states": dict(self.client_states)}
+
+    def _client_epoch(self, client_id: int, epoch: int, epochs: int) -> None:
+        for cb in self.callbacks:
+            cb.on_client_epoch(self, self._stage[1], client_id, epoch, epochs)
+
+    def _stopping(self, stop: RunInterrupted, journal: Optional[ClientJournal]) -> None:
+        """On the way out of an interrupted fit: the callbacks keep what a resume needs (the
+        last finished round's checkpoint), ``stop`` says where the run was and what is kept."""
+        stage, round_index, clients = self._stage
+        rounds = self.federation.rounds
+        stop.where = {"after": (f"after round {round_index} of {rounds}" if round_index
+                                else f"before round 1 of {rounds}"),
+                      "clients": f"in round {round_index} of {rounds}, training clients",
+                      "server": f"in round {round_index} of {rounds}, in its server step or evaluation"}[stage]
+        for cb in self.callbacks:
+            cb.on_interrupt(self, stop)
+        if journal is not None and stage in ("clients", "server"):
+            stop.kept.append(f"{journal.count(round_index)} of {clients} client results of round {round_index}")
+
     def run_round(self, round_index: int, executor: ClientExecutor) -> dict[str, Any]:
         t0 = time.perf_counter()
+        self._stage = ("clients", round_index, 0)
         sampled = self.strategy.select_clients(self.state, self.sampler, self.partition.num_clients,
                                                self.federation.client_fraction)
         bytes_down = bytes_up = 0
@@ -269,9 +331,14 @@ class Federation:
             task = self.strategy.configure_client(self.state, k, self.client_labels(k))
             if task is not None:
                 jobs.append((task, indices))
+        self._stage = ("clients", round_index, len(jobs))
+        for cb in self.callbacks:
+            cb.on_clients_start(self, round_index, len(jobs))
         results, second = self._run_clients(executor, jobs, round_index, lambda result, done, total: [
             cb.on_client_end(self, round_index, result, done, total) for cb in self.callbacks])
         failures += second
+        self._stage = ("server", round_index, len(jobs))
+        self.resume_point = None  # the server step may change the state in place
         facts: dict[str, Any] = {}
         for cb in self.callbacks:  # the strategy's server steps (aggregation, clustering), then any others
             facts.update(cb.on_clients_end(self, round_index, results) or {})

@@ -43,6 +43,11 @@ class ClientPlugin(ABC):
     def build(self, ctx: "ClientContext", task: ClientTask, client_state: State):
         """The LightningModule that trains ``task`` (``client_state``: what this client kept)."""
 
+    def fit_callbacks(self, ctx: "ClientContext", task: ClientTask, seed: int) -> list:
+        """Lightning callbacks this task's fit needs that depend on the client's ``seed`` (e.g.
+        the callback that hands every step its random draws); none by default."""
+        return []
+
     @abstractmethod
     def result(self, task: ClientTask, module, num_samples: int, steps: int, loss: float,
                client_state: State) -> ClientResult:
@@ -56,6 +61,7 @@ class ClientPlugin(ABC):
         batches = ClientBatches(ctx.x, ctx.y, torch.from_numpy(indices), ctx.federation.batch_size,
                                 torch.Generator().manual_seed(seed))
         module = self.build(ctx, task, client_state)
+        callbacks = [*callbacks, *self.fit_callbacks(ctx, task, seed)]
         steps, loss = fit_module(ctx, module, batches, self.local_epochs(task, ctx.federation), callbacks)
         return self.result(task, module, len(indices), steps, loss, client_state)
 

@@ -1,13 +1,17 @@
 """``python -m fl_lightning report RUN_DIR... [--out reports/NAME] [--evaluate-checkpoints]``
-(or ``report --reproduction CELLS_YAML [--readme README.md]``: the paper-cell table of
-fl_lightning/reproduction.py)
+(or ``report --reproduction CELLS_YAML [--doc docs/reproduction.md] [--readme README.md]
+[--figures docs/figures]``: the paper-cell table of fl_lightning/reproduction.py)
 
 One table row per run directory (``summary.json``, or only ``checkpoints/last.ckpt`` of an
-unfinished run) written as ``NAME.md`` and ``NAME.csv``, and four PNG figures beside them:
-``NAME_accuracy.png`` (test accuracy per round), ``NAME_detectors.png`` (FedOVA's per-detector
-accuracy), ``NAME_partition.png`` (clients x classes heat map) and ``NAME_bytes.png``
-(accuracy against cumulative bytes exchanged). A run directory without a summary, or every
-run with ``--evaluate-checkpoints``, is re-evaluated on the test set from its checkpoint
+unfinished run) written as ``NAME.md`` and ``NAME.csv``, and four figures beside them, each as
+PNG and as vector files (``--formats``, default PDF): ``NAME_accuracy`` (test accuracy per
+round; runs that differ only in their seed drawn as one mean line with a ± std band),
+``NAME_detectors`` (FedOVA's per-detector accuracy), ``NAME_partition`` (clients x classes heat
+map) and ``NAME_bytes`` (accuracy against cumulative bytes exchanged). A paper's figure is
+drawn, and put in the table, only for a run whose protocol (data, partition, model, optimizer,
+K, C, E, B, rounds, algorithm) is that of a reproduction cell's runs (``--cells``, default
+reports/reproduction/cells.yaml). A run directory without a summary, or every run with
+``--evaluate-checkpoints``, is re-evaluated on the test set from its checkpoint
 (``checkpoint_accuracy``).
 """
 
@@ -29,14 +33,26 @@ import numpy as np
 
 from fl_lightning.per_client_eval import INTERVAL, client_accuracy_summary
 
-# Published accuracies (%), keyed by (algorithm, data set, partition scheme, labels per client).
-# Source: Zhu et al., "FedOVA: One-vs-All Training Method for Federated Learning with Non-IID
-# Data", IJCNN 2021, Table I (Fashion-MNIST, non-IID-2, K=100, C=0.2, E=5, B=15). Runs with
-# data sharing (partition.share_fraction > 0) are a different method and get no figure here.
-PAPER_ACCURACY: dict[tuple[str, str, str, int], float] = {
-    ("fedova", "fashion_mnist", "non_iid_l", 2): 89.4,
-    ("fedavg", "fashion_mnist", "non_iid_l", 2): 84.3,
-}
+# The papers' figures live in the reproduction cells, each beside the runs that measure it: a
+# run gets a paper's line only when its protocol is that of a cell's runs.
+DEFAULT_CELLS = Path(__file__).resolve().parents[1] / "reports" / "reproduction" / "cells.yaml"
+
+# What makes two runs the same experiment, with the value a config saved before the key existed
+# had. Seeds, run folders, engines and data paths are left out: they do not change the protocol.
+PROTOCOL_KEYS: tuple[tuple[str, str, Any], ...] = (
+    ("data", "name", None), ("data", "image_size", None), ("data", "test_subset", 0),
+    ("partition", "scheme", None), ("partition", "num_clients", None), ("partition", "labels_per_client", None),
+    ("partition", "dirichlet_beta", None), ("partition", "share_fraction", 0.0),
+    ("model", "architecture", None), ("model", "hidden_units", 0), ("optimizer", "name", None), ("optimizer", "lr", None),
+    ("federation", "rounds", None), ("federation", "client_fraction", None), ("federation", "local_epochs", None),
+    ("federation", "batch_size", None))
+NOT_PROTOCOL = {"seed", "run", "trainer", "ckpt_path", "config", "__path__"}
+DATA_PATHS = {"root", "offline_roots", "idx_gz_dir", "download", "mirror", "check_integrity", "image_pack",
+              "speech_commands_dir", "fsdd_dir"}
+LABEL_SCHEMES = {"non_iid_l", "num_labels", "label_groups"}  # where labels_per_client means something
+
+DPI = 200
+FORMATS = ("png", "pdf")  # PNG for the web pages, a vector copy for papers
 
 SMOOTH_ROUNDS = 10  # the paper's curves: value at round t = mean of rounds t..t+9
 SMOOTH_ROUNDS_FROM = 3 * SMOOTH_ROUNDS  # runs shorter than this are plotted unsmoothed
@@ -198,12 +214,68 @@ def evaluate_checkpoint(run_dir: str | Path, config: Optional[dict] = None) -> f
 
 
 # ---- the table -------------------------------------------------------------------------------
-def paper_accuracy(record: RunRecord) -> Optional[float]:
-    if record.setting("partition", "share_fraction", 0.0):
-        return None
-    key = (record.algorithm, record.setting("data", "name"), record.setting("partition", "scheme"),
-           record.setting("partition", "labels_per_client"))
-    return PAPER_ACCURACY.get(key)
+def protocol(record: RunRecord) -> dict[str, Any]:
+    """The settings that make a run's figure comparable with another's (PROTOCOL_KEYS, plus the
+    algorithm); a key that means nothing under the run's partition scheme is left out."""
+    scheme = record.setting("partition", "scheme")
+    out = {f"{g}.{k}": record.setting(g, k, default) for g, k, default in PROTOCOL_KEYS}
+    if scheme not in LABEL_SCHEMES:
+        out.pop("partition.labels_per_client")
+    if scheme != "dirichlet":
+        out.pop("partition.dirichlet_beta")
+    out["algorithm"] = record.algorithm
+    return out
+
+
+def _init_args(record: RunRecord) -> dict:
+    return dict((record.config.get("algorithm") or {}).get("init_args") or {})
+
+
+def same_protocol(a: RunRecord, b: RunRecord) -> bool:
+    """Equal protocols, and the algorithms' settings agree wherever both configs name them (a
+    config saved before a setting existed does not name it)."""
+    if protocol(a) != protocol(b):
+        return False
+    args_a, args_b = _init_args(a), _init_args(b)
+    return all(args_a[k] == args_b[k] for k in args_a.keys() & args_b.keys())
+
+
+@dataclass(frozen=True)
+class PaperFigure:
+    value: float   # %
+    source: str    # "FedOVA, Table I: FedOVA"
+
+
+def paper_figures(record: RunRecord, cells: list) -> list[PaperFigure]:
+    """The paper figures of the reproduction cells whose runs (or runs at the paper's budget)
+    have ``record``'s protocol; none for any other run."""
+    found = []
+    for cell in cells:
+        if any(same_protocol(record, other) for other in [*cell.records, *cell.budget_records]):
+            figure = PaperFigure(cell.paper_value, f"{cell.paper}: {cell.method}")
+            if figure not in found:
+                found.append(figure)
+    return found
+
+
+def load_reference_cells(path: Optional[str | Path]) -> list:
+    """The reproduction cells to take paper figures from; none without a cells file, and none,
+    said on stderr, when it cannot be read: a report of runs does not depend on it."""
+    if path is None or not Path(path).is_file():
+        return []
+    from fl_lightning.reproduction import load_cells  # reproduction reads runs through this module
+
+    try:
+        return load_cells(path)
+    except ValueError as err:
+        print(f"warning: no paper figures: {err}", file=sys.stderr)
+        return []
+
+
+def paper_accuracy(record: RunRecord, cells: list) -> Optional[float]:
+    """The paper's figure for the table: the first matching cell's (none for other protocols)."""
+    figures = paper_figures(record, cells)
+    return figures[0].value if figures else None
 
 
 def partition_text(record: RunRecord) -> str:
@@ -215,7 +287,7 @@ def partition_text(record: RunRecord) -> str:
     return text + (f" + sharing {share:g}" if share else "")
 
 
-def row(record: RunRecord) -> dict[str, Any]:
+def row(record: RunRecord, cells: list = ()) -> dict[str, Any]:
     window = int(record.setting("federation", "final_window", record.final_window or 20))
     clients = client_accuracy_summary(record.history, window) or {}
     return {
@@ -239,7 +311,7 @@ def row(record: RunRecord) -> dict[str, Any]:
         "client_accuracy_ci95": clients.get("half_width"),
         "clients_evaluated": clients.get("clients"),
         "checkpoint_accuracy": record.checkpoint_accuracy,
-        "paper_accuracy": paper_accuracy(record),
+        "paper_accuracy": paper_accuracy(record, list(cells)),
         "bytes_total": record.bytes_total,
         "wall_time_s": record.wall_time_s,
         "source": record.source,
@@ -300,7 +372,8 @@ def markdown_table(records: list[RunRecord], rows: list[dict[str, Any]], figures
     text = ["# Runs", "", *lines, "",
             "final acc. = mean test accuracy of the last `federation.final_window` evaluated rounds; "
             "B = full: the whole local set in one batch; bytes = parameters sent down and up over all rounds; "
-            "paper = FedOVA (IJCNN 2021) Table I, where the setting matches."]
+            "paper = the figure of the reproduction cell (reports/reproduction/cells.yaml) whose runs have this run's "
+            "protocol (data, partition, model, optimizer, K, C, E, B, rounds, algorithm); — for any other run."]
     if with_clients:
         text.append("per-client acc. = the global model at the last evaluated round on each client's own test "
                     "distribution (per-class test accuracy weighted by its training label proportions), mean over "
@@ -349,16 +422,38 @@ def smooth(rounds: list[int], values: list[float], width: int = SMOOTH_ROUNDS) -
     return [float(v[(r >= t) & (r < t + width)].mean()) for t in r]
 
 
-def _figure(width: float, height: float):
+def new_figure(width: float, height: float):
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # Agg, without pyplot's global state
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
 
-def _colors(n: int) -> list:
+def save_figure(fig, path: Path, formats: tuple[str, ...] = FORMATS) -> Path:
+    """``path`` (its suffix replaced) in every format; returns the PNG (or the first) path. Vector
+    files carry no date and fixed SVG ids, so an unchanged figure rewrites the same bytes."""
+    import matplotlib
+
+    written = []
+    for fmt in formats:
+        target = Path(path).with_suffix(f".{fmt}")
+        metadata = {"png": None, "svg": {"Date": None}, "pdf": {"CreationDate": None}}.get(fmt)
+        with matplotlib.rc_context({"svg.hashsalt": "fl_lightning"}):
+            fig.savefig(target, format=fmt, dpi=DPI, metadata=metadata)
+        written.append(target)
+    return next((p for p in written if p.suffix == ".png"), written[0])
+
+
+def integer_rounds(ax) -> None:
+    """Rounds are counted: ticks at whole rounds only."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def palette(n: int) -> list:
     from matplotlib import colormaps
 
     cmap = colormaps["tab10" if n <= 10 else "tab20"]
@@ -374,32 +469,91 @@ def _legend_with_points(ax) -> None:
     ax.legend(handles, names, fontsize=8, loc="lower right")
 
 
-def plot_accuracy(records, labels, path: Path) -> Path:
-    fig = _figure(8.5, 5.2)
+def _without_seed(config: dict) -> str:
+    """A run's config less what does not change the experiment (seed, run folder, engine, data
+    paths): runs with equal keys differ only in their seed."""
+    kept = {k: v for k, v in config.items() if k not in NOT_PROTOCOL}
+    kept["data"] = {k: v for k, v in (config.get("data") or {}).items() if k not in DATA_PATHS}
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
+def seed_groups(records: list[RunRecord]) -> list[list[RunRecord]]:
+    """Runs that differ only in their seed, grouped, in the order of their first run."""
+    groups: dict[str, list[RunRecord]] = {}
+    for rec in records:
+        groups.setdefault(_without_seed(rec.config), []).append(rec)
+    return list(groups.values())
+
+
+def seed_band(records: list[RunRecord], key: str = "test/accuracy",
+              width: int = 1) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """(rounds, mean, std) over the runs of ``key`` in %, at the rounds every run evaluated, each
+    run first smoothed as a single run's line is (``smooth``); std is the sample std (ddof 1, as
+    the reproduction table's), zero for one run."""
+    common = sorted(set.intersection(*(set(evaluated(r.history, key)[0]) for r in records)))
+    curves = []
+    for rec in records:
+        by_round = dict(zip(*evaluated(rec.history, key)))
+        curves.append(smooth(common, [100 * by_round[r] for r in common], width) if common else [])
+    values = np.asarray(curves, dtype=float).reshape(len(records), len(common))
+    std = values.std(axis=0, ddof=1) if len(records) > 1 else np.zeros(len(common))
+    return common, values.mean(axis=0), std
+
+
+def group_labels(groups: list[list[RunRecord]]) -> list[str]:
+    """A legend label per group: the first run's, less its seed when the group has several."""
+    labels = run_labels([g[0] for g in groups])
+    return [label.split(" seed=")[0] + f" ({len(g)} seeds, mean ± std)" if len(g) > 1 else label
+            for label, g in zip(labels, groups)]
+
+
+def draw_group(ax, group: list[RunRecord], label: str, color, width: int, key: str = "test/accuracy") -> None:
+    """One run: its points and line; several seeds: the mean line and a ± std band."""
+    if len(group) == 1:
+        rounds, acc = evaluated(group[0].history, key)
+        if rounds:
+            pct = [100 * a for a in acc]
+            ax.scatter(rounds, pct, s=12, alpha=0.35, color=color, linewidths=0)
+            ax.plot(rounds, smooth(rounds, pct, width), color=color, lw=2, label=label)
+        return
+    rounds, mean, std = seed_band(group, key, width)
+    if rounds:
+        ax.plot(rounds, mean, color=color, lw=2, label=label)
+        ax.fill_between(rounds, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
+
+
+def draw_paper_line(ax, figure: PaperFigure, color) -> None:
+    ax.axhline(figure.value, color=color, ls="--", lw=1, alpha=0.8)
+    ax.annotate(f"paper: {figure.value:.1f} % ({figure.source})", (0.01, figure.value),
+                xycoords=("axes fraction", "data"), ha="left", va="bottom", fontsize=7, color=color)
+
+
+def accuracy_figure(records: list[RunRecord], cells: list = ()):
+    """Test accuracy per round: a line per run, or per group of seeds with its ± std band; the
+    paper's figure only where a reproduction cell's runs have the same protocol."""
+    fig = new_figure(8.5, 5.2)
     ax = fig.add_subplot()
     longest = max((max(evaluated(rec.history)[0], default=0) for rec in records), default=0)
     # A 10-round window over a 10-round run would flatten it into one number: short runs are drawn as measured.
     width = SMOOTH_ROUNDS if longest >= SMOOTH_ROUNDS_FROM else 1
-    for rec, label, color in zip(records, labels, _colors(len(records))):
-        rounds, acc = evaluated(rec.history)
-        if not rounds:
-            continue
-        pct = [100 * a for a in acc]
-        ax.scatter(rounds, pct, s=12, alpha=0.35, color=color, linewidths=0)
-        ax.plot(rounds, smooth(rounds, pct, width), color=color, lw=2, label=label)
-        plot_client_band(ax, rec, color)
-        paper = paper_accuracy(rec)
-        if paper is not None:
-            ax.axhline(paper, color=color, ls="--", lw=1, alpha=0.8)
-            ax.annotate(f"paper: {paper:.1f} % ({rec.algorithm})", (0.01, paper), xycoords=("axes fraction", "data"),
-                        ha="left", va="bottom", fontsize=8, color=color)
+    groups = seed_groups(records)
+    for group, label, color in zip(groups, group_labels(groups), palette(len(groups))):
+        draw_group(ax, group, label, color, width)
+        if len(group) == 1:  # one run's interval over clients; a group's band is over seeds
+            plot_client_band(ax, group[0], color)
+        for figure in paper_figures(group[0], list(cells)):
+            draw_paper_line(ax, figure, color)
     _legend_with_points(ax)
     ax.set(xlabel="communication round", ylabel="test accuracy (%)",
            title=f"Test accuracy per round (lines: mean of rounds t..t+{width - 1})" if width > 1
            else "Test accuracy per round")
+    integer_rounds(ax)
     ax.grid(alpha=0.3)
-    fig.savefig(path)
-    return path
+    return fig
+
+
+def plot_accuracy(records, path: Path, cells: list = (), formats: tuple[str, ...] = FORMATS) -> Path:
+    return save_figure(accuracy_figure(records, cells), path, formats)
 
 
 def plot_client_band(ax, rec: RunRecord, color) -> None:
@@ -432,7 +586,7 @@ def _detector_label(key: str) -> str:
     return f"class {ids[0]}" if len(ids) == 1 else f"cluster {ids[0]}, class {ids[1]}"
 
 
-def plot_detectors(records, labels, path: Path) -> Optional[Path]:
+def plot_detectors(records, labels, path: Path, formats: tuple[str, ...] = FORMATS) -> Optional[Path]:
     runs = []
     for rec, label in zip(records, labels):
         keys = sorted({k for m in rec.history for k in m if k.startswith("test/detector_acc/")},
@@ -444,10 +598,10 @@ def plot_detectors(records, labels, path: Path) -> Optional[Path]:
     shown = runs[:MAX_DETECTOR_PANELS]
     cols = min(len(shown), 3)
     rows = math.ceil(len(shown) / cols)
-    fig = _figure(4.6 * cols + 1.4, 3.6 * rows + 0.4)
+    fig = new_figure(4.6 * cols + 1.4, 3.6 * rows + 0.4)
     axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
     n_max = max(len(keys) for _, _, keys in shown)
-    colors = _colors(n_max)
+    colors = palette(n_max)
     for ax, (rec, label, keys) in zip(axes.flat, shown):
         for i, key in enumerate(keys):
             rounds, acc = evaluated(rec.history, key)
@@ -455,6 +609,7 @@ def plot_detectors(records, labels, path: Path) -> Optional[Path]:
                     label=_detector_label(key))
         ax.axhline(100 * (1 - 1 / len(keys)), color="gray", ls=":", lw=1.2, label="always 'no'")
         ax.set(title=label, xlabel="communication round")
+        integer_rounds(ax)
         ax.grid(alpha=0.3)
     for ax in axes[:, 0]:
         ax.set_ylabel("detector accuracy (%)")
@@ -465,11 +620,10 @@ def plot_detectors(records, labels, path: Path) -> Optional[Path]:
     fig.legend(handles, names, loc="outside right center", fontsize=8, title="detector")
     more = f"\n(first {MAX_DETECTOR_PANELS} of {len(runs)} runs)" if len(runs) > len(shown) else ""
     fig.suptitle("One-vs-all detectors:\nbinary test accuracy per round" + more)
-    fig.savefig(path)
-    return path
+    return save_figure(fig, path, formats)
 
 
-def plot_partitions(records, labels, path: Path) -> Optional[Path]:
+def plot_partitions(records, labels, path: Path, formats: tuple[str, ...] = FORMATS) -> Optional[Path]:
     tables: list[tuple[np.ndarray, list[str], RunRecord]] = []
     for rec, label in zip(records, labels):
         file = rec.run_dir / "partition.csv"
@@ -485,7 +639,7 @@ def plot_partitions(records, labels, path: Path) -> Optional[Path]:
     if not tables:
         return None
     shown = tables[:MAX_PARTITION_PANELS]
-    fig = _figure(4.8 * len(shown) + 0.6, 6.2)
+    fig = new_figure(4.8 * len(shown) + 0.6, 6.2)
     axes = fig.subplots(1, len(shown), squeeze=False)[0]
     for ax, (counts, names, rec) in zip(axes, shown):
         k = len(counts)
@@ -498,17 +652,16 @@ def plot_partitions(records, labels, path: Path) -> Optional[Path]:
         ax.set_title(f"{partition_text(rec)}, K={k}\n{who}", fontsize=10)
         fig.colorbar(image, ax=ax, label="training samples", shrink=0.8)
     fig.suptitle("Partition: training samples per client and class")
-    fig.savefig(path)
-    return path
+    return save_figure(fig, path, formats)
 
 
-def plot_bytes(records, labels, path: Path) -> Path:
+def plot_bytes(records, labels, path: Path, formats: tuple[str, ...] = FORMATS) -> Path:
     totals = [np.cumsum([m.get("bytes/down", 0) + m.get("bytes/up", 0) for m in r.history]) for r in records]
     peak = max((t[-1] for t in totals if len(t)), default=0)
     unit, size = ("GB", 1e9) if peak >= 1e9 else ("MB", 1e6)
-    fig = _figure(8.5, 5.2)
+    fig = new_figure(8.5, 5.2)
     ax = fig.add_subplot()
-    for rec, label, color, cum in zip(records, labels, _colors(len(records)), totals):
+    for rec, label, color, cum in zip(records, labels, palette(len(records)), totals):
         by_round = {int(m["round"]): c for m, c in zip(rec.history, cum)}
         rounds, acc = evaluated(rec.history)
         if not rounds:
@@ -521,13 +674,13 @@ def plot_bytes(records, labels, path: Path) -> Path:
     ax.set(xlabel=f"cumulative bytes exchanged, server→clients + clients→server ({unit})",
            ylabel="test accuracy (%)", title="Test accuracy against communication (lines: 10-round mean)")
     ax.grid(alpha=0.3)
-    fig.savefig(path)
-    return path
+    return save_figure(fig, path, formats)
 
 
 # ---- the command -----------------------------------------------------------------------------
 def build_report(run_dirs: list[str | Path], out: str | Path = "reports/report", evaluate_checkpoints: bool = False,
-                 plots: bool = True) -> Report:
+                 plots: bool = True, cells: Optional[str | Path] = DEFAULT_CELLS,
+                 formats: tuple[str, ...] = FORMATS) -> Report:
     dirs = expand_run_dirs(run_dirs)
     if not dirs:
         raise ValueError("no run directories given")
@@ -537,39 +690,60 @@ def build_report(run_dirs: list[str | Path], out: str | Path = "reports/report",
             rec.checkpoint_accuracy = evaluate_checkpoint(rec.run_dir, rec.config)
         elif evaluate_checkpoints:
             rec.notes.append("no checkpoints/last.ckpt to evaluate")
+    reference = load_reference_cells(cells)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     figures: dict[str, Path] = {}
     if plots:
         labels = run_labels(records)
-        figures["accuracy"] = plot_accuracy(records, labels, Path(f"{out}_accuracy.png"))
+        figures["accuracy"] = plot_accuracy(records, Path(f"{out}_accuracy.png"), reference, formats)
         for name, plot in (("detectors", plot_detectors), ("partition", plot_partitions)):
-            made = plot(records, labels, Path(f"{out}_{name}.png"))
+            made = plot(records, labels, Path(f"{out}_{name}.png"), formats)
             if made is not None:
                 figures[name] = made
-        figures["bytes"] = plot_bytes(records, labels, Path(f"{out}_bytes.png"))
-    rows = [row(r) for r in records]
+        figures["bytes"] = plot_bytes(records, labels, Path(f"{out}_bytes.png"), formats)
+    rows = [row(r, reference) for r in records]
     md, csv_path = Path(f"{out}.md"), Path(f"{out}.csv")
     md.write_text(markdown_table(records, rows, figures))
     write_csv(csv_path, rows)
     return Report(records, rows, md, csv_path, figures)
 
 
+def parse_formats(text: str) -> tuple[str, ...]:
+    formats = tuple(f.strip().lower() for f in text.split(",") if f.strip())
+    unknown = sorted(set(formats) - {"png", "pdf", "svg"})
+    if unknown or not formats:
+        raise argparse.ArgumentTypeError(f"--formats {text!r}: choose from png, pdf, svg (comma-separated)")
+    return formats
+
+
 def build_report_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fl_lightning report", allow_abbrev=False,
-        description="Tabulate and plot finished or interrupted runs: OUT.md, OUT.csv and OUT_*.png.")
+        description="Tabulate and plot finished or interrupted runs: OUT.md, OUT.csv and OUT_*.png (+ vector copies).")
     parser.add_argument("run_dirs", nargs="*", help="run directories (summary.json or checkpoints/last.ckpt), or "
                                                     "folders of them such as runs/sweeps/<sweep name>")
     parser.add_argument("--out", default="reports/report", help="output prefix (default: reports/report)")
     parser.add_argument("--evaluate-checkpoints", action="store_true",
                         help="re-evaluate every run's checkpoints/last.ckpt on the test set (always done for a run "
                              "without summary.json)")
+    parser.add_argument("--cells", default=str(DEFAULT_CELLS),
+                        help="reproduction cells whose paper figures are drawn for runs of the same protocol "
+                             "(default: the project's reports/reproduction/cells.yaml; '' for none)")
+    parser.add_argument("--formats", type=parse_formats, default=FORMATS,
+                        help="figure formats, comma-separated from png, pdf, svg (default: png,pdf)")
     parser.add_argument("--reproduction", metavar="CELLS_YAML", default=None,
                         help="instead of run directories: the reproduction table of the paper cells in CELLS_YAML "
                              "(fl_lightning/reproduction.py), e.g. reports/reproduction/cells.yaml")
+    parser.add_argument("--doc", default=None,
+                        help="with --reproduction: replace the table and headline between this file's reproduction "
+                             "markers (docs/reproduction.md)")
     parser.add_argument("--readme", default=None,
-                        help="with --reproduction: replace the table between this file's reproduction markers")
+                        help="with --reproduction: replace the one-line-per-paper summary between this file's "
+                             "markers (README.md)")
+    parser.add_argument("--figures", default=None, metavar="DIR",
+                        help="with --reproduction: write the reproduction figures into DIR (docs/figures) and, with "
+                             "--doc, list them between the doc's figure markers")
     return parser
 
 
@@ -579,14 +753,21 @@ def main(argv: list[str]) -> "Report | str":
     if args.reproduction:
         from fl_lightning import reproduction
 
-        table = reproduction.write(args.reproduction, args.readme)
-        print(table + (f"wrote the table into {args.readme}" if args.readme else ""))
+        table = reproduction.write(args.reproduction, doc=args.doc, readme=args.readme, figures=args.figures,
+                                   formats=args.formats)
+        wrote = [f"the table and headline into {args.doc}"] * bool(args.doc) + \
+                [f"the summary into {args.readme}"] * bool(args.readme) + [f"the figures into {args.figures}"] * bool(args.figures)
+        print(table + ("wrote " + "; ".join(wrote) if wrote else ""))
         return table
-    if args.readme:
-        parser.error("--readme goes with --reproduction")
+    for name in ("doc", "readme", "figures"):
+        if getattr(args, name):
+            parser.error(f"--{name} goes with --reproduction")
     if not args.run_dirs:
         parser.error("give run directories (or --reproduction CELLS_YAML)")
-    report = build_report(args.run_dirs, args.out, args.evaluate_checkpoints)
+    report = build_report(args.run_dirs, args.out, args.evaluate_checkpoints, cells=args.cells or None,
+                          formats=args.formats)
     print(report.markdown.read_text().split("\n\n")[1])  # the table
-    print("wrote " + ", ".join(str(p) for p in [report.markdown, report.csv, *report.figures.values()]))
+    vectors = [f for f in args.formats if f != "png"]
+    print("wrote " + ", ".join(str(p) for p in [report.markdown, report.csv, *report.figures.values()])
+          + (f" (and a {', '.join(vectors)} copy beside each figure)" if vectors else ""))
     return report

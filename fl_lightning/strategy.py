@@ -82,7 +82,7 @@ class Strategy(ABC):
         """The server-side steps this algorithm runs after its clients return, as federated
         callbacks (as a LightningModule's ``configure_callbacks``): by default the aggregation
         (callbacks/aggregation.py, which calls ``aggregate``)."""
-        from callbacks.aggregation import Aggregation
+        from fl_lightning.callbacks.aggregation import Aggregation
 
         return [Aggregation()]
 

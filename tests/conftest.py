@@ -5,6 +5,8 @@ import torch
 from torch import nn
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+# A clean machine: no data copy found outside the folders a test names (fl_lightning/data/sources.py).
+os.environ.setdefault("FL_LIGHTNING_DATA_FALLBACKS", "off")
 
 
 @pytest.fixture(autouse=True)

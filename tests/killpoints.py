@@ -12,7 +12,13 @@ nor delayed):
 - ``checkpoint_write``: a checkpoint's temporary file is partly written and flushed (the
   file ``save_atomic`` opens, wrapped);
 - ``round_end``: after a round's callbacks (its checkpoint included), before the next round;
-- ``fit_end``: after the final checkpoint, before ``summary.json``.
+- ``fit_end``: after the final checkpoint, before ``summary.json``;
+- ``evaluate``: the global model scores a batch of an evaluation (``strategy.predict_logits``).
+
+Instead of SIGKILL, ``arm(spec, "SIGINT")`` (or ``"SIGTERM"``) sends that signal to the
+process group, as a terminal's Ctrl-C or ``kill -TERM -PGID`` does, and the run goes on to
+handle it (tests/test_interrupts.py); only the first process to reach the point sends it
+(each worker process counts its own batches).
 
 The server-side points come from a ``FederatedCallback`` appended after the default ones
 (after ``Checkpointing``). ``arm`` patches classes and modules of this process for good:
@@ -23,15 +29,20 @@ see ``python_m_fl_lightning``). Counts are per process (with ``trainer.workers >
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import sys
+import time
 
-POINTS = ("batch", "aggregate", "checkpoint_write", "round_end", "fit_end")
+POINTS = ("batch", "aggregate", "checkpoint_write", "round_end", "fit_end", "evaluate")
+ACTIONS = ("SIGKILL", "SIGINT", "SIGTERM")
 
 _armed: tuple[str, int] | None = None
 _count = 0
 _main_pid = os.getpid()
+_action = "SIGKILL"
+_fired = None  # shared with forked workers: the signal goes to the group once
 
 
 def parse(spec: str) -> tuple[str, int]:
@@ -46,17 +57,28 @@ def reached(point: str) -> None:
     if _armed is None or _armed[0] != point:
         return
     _count += 1
-    if _count == _armed[1]:
+    if _count == _armed[1] and _action != "SIGKILL":
+        with _fired.get_lock():
+            if _fired.value:
+                return
+            _fired.value = 1
+        sys.stderr.write(f"kill point: {_action} to the process group at {point} #{_count}, time {time.time():.3f}\n")
+        sys.stderr.flush()
+        os.killpg(os.getpgid(0), getattr(signal, _action))
+    elif _count == _armed[1]:
         sys.stderr.write(f"kill point: SIGKILL at {point} #{_count}\n")
         sys.stderr.flush()
         os.kill(_main_pid, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)  # a worker process
 
 
-def arm(spec: str) -> None:
+def arm(spec: str, action: str = "SIGKILL") -> None:
     """Arm ``"POINT:N"`` in this process (see the module's docstring)."""
-    global _armed, _count, _main_pid
-    _armed, _count, _main_pid = parse(spec), 0, os.getpid()
+    global _armed, _count, _main_pid, _action, _fired
+    if action not in ACTIONS:
+        raise ValueError(f"kill point action {action!r} must be one of {ACTIONS}")
+    _armed, _count, _main_pid, _action = parse(spec), 0, os.getpid(), action
+    _fired = multiprocessing.Value("b", 0)
     point = _armed[0]
     if point == "batch":
         _count_batches()
@@ -118,7 +140,7 @@ def _interrupt_checkpoint_writes() -> None:
 
 
 def _add_server_kill_points() -> None:
-    from callbacks.base import FederatedCallback
+    from fl_lightning.callbacks.base import FederatedCallback
     from fl_lightning.federation import Federation
 
     class KillPoints(FederatedCallback):
@@ -131,6 +153,13 @@ def _add_server_kill_points() -> None:
                 return out
 
             federation.strategy.aggregate = aggregate_then_maybe_die
+            predict = federation.strategy.predict_logits
+
+            def predict_then_maybe_die(state, x):
+                reached("evaluate")
+                return predict(state, x)
+
+            federation.strategy.predict_logits = predict_then_maybe_die
 
         def on_round_end(self, federation, round_index, metrics) -> None:
             reached("round_end")
@@ -142,10 +171,10 @@ def _add_server_kill_points() -> None:
     Federation.default_callbacks = lambda self: [*default_callbacks(self), KillPoints()]  # last: after Checkpointing
 
 
-def python_m_fl_lightning(spec: str) -> list[str]:
+def python_m_fl_lightning(spec: str, action: str = "SIGKILL") -> list[str]:
     """The command line of a fresh ``python -m fl_lightning`` (run from the repository root,
     arguments appended) that arms ``spec`` first: ``fl_lightning/__main__.py`` runs as
     ``__main__``, as with ``-m``."""
     return [sys.executable, "-c",
-            f"import runpy; from tests import killpoints; killpoints.arm({spec!r}); "
+            f"import runpy; from tests import killpoints; killpoints.arm({spec!r}, {action!r}); "
             f"runpy.run_module('fl_lightning', run_name='__main__')"]

@@ -208,7 +208,7 @@ def test_the_server_steps_after_the_clients_are_the_strategys_callbacks(tmp_path
     that adds a callback sees every round's results."""
     import torch
 
-    from callbacks.base import FederatedCallback
+    from fl_lightning.callbacks.base import FederatedCallback
     from fl_lightning.algorithms import FedAvg
     from fl_lightning.settings import build_federation
     from tests.conftest import tiny_args

@@ -87,7 +87,7 @@ def test_a_fresh_fit_or_a_changed_setting_trains_every_client_again(tmp_path, ba
     fresh = tmp_path / "fresh"
     fit_killed("batch:30", fresh, 1)
     batches_trained[0] = 0
-    cli.main(["fit", *args(fresh, 1)])  # no --ckpt_path: a fresh run
+    cli.main(["fit", *args(fresh, 1), "--run.overwrite", "true"])  # no --ckpt_path: a fresh run
     assert batches_trained[0] == 3 * BATCHES_PER_CLIENT
 
 

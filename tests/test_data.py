@@ -39,9 +39,69 @@ def test_fashion_mnist_from_original_gz_files_is_unpacked_and_standardised(tmp_p
 
 
 def test_missing_data_offline_says_what_to_do(tmp_path):
-    cfg = DataConfig(name="mnist", root=str(tmp_path / "empty"), offline_roots=[str(tmp_path / "nowhere")])
+    (tmp_path / "copy").mkdir()
+    cfg = DataConfig(name="mnist", root=str(tmp_path / "empty"), offline_roots=[str(tmp_path / "copy")])
     with pytest.raises(DataNotFoundError, match="data.download=true"):
         load_dataset(cfg)
+
+
+def test_an_offline_root_that_is_not_a_folder_is_named(tmp_path):
+    cfg = DataConfig(name="mnist", root=str(tmp_path / "cache"), offline_roots=[str(tmp_path), str(tmp_path / "nowhere")])
+    with pytest.raises(DataNotFoundError, match=r"data.offline_roots\[1\]=.*nowhere' is not a folder \(it does not exist\)"):
+        load_dataset(cfg)
+    # the default of old configs and checkpoints, where no such folder exists: skipped
+    write_idx_gz(tmp_path / "gz")
+    data = load_dataset(DataConfig(name="mnist", root=str(tmp_path / "cache"), offline_roots=["../shared/data"],
+                                   idx_gz_dir=str(tmp_path / "gz")))
+    assert data.train_x.shape == (12, 1, 28, 28)
+
+
+def test_a_wrong_idx_gz_dir_is_an_error_even_when_data_root_holds_a_copy(tmp_path):
+    write_idx_gz(tmp_path / "gz")
+    cfg = DataConfig(name="fashion_mnist", root=str(tmp_path / "cache"), idx_gz_dir=str(tmp_path / "gz"))
+    load_dataset(cfg)  # data.root now holds a copy
+    assert (tmp_path / "cache" / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").is_file()
+
+    cfg.idx_gz_dir = str(tmp_path / "typo")
+    with pytest.raises(DataNotFoundError, match="data.idx_gz_dir=.*typo' is not a folder"):
+        load_dataset(cfg)
+    (tmp_path / "empty").mkdir()
+    cfg.idx_gz_dir = str(tmp_path / "empty")
+    with pytest.raises(DataNotFoundError, match=r"data.idx_gz_dir=.*empty' lacks \['train-images-idx3-ubyte.gz'"):
+        load_dataset(cfg)
+
+
+def test_another_idx_gz_dir_replaces_the_copy_unpacked_from_the_first(tmp_path):
+    write_idx_gz(tmp_path / "a", pixel=90)
+    write_idx_gz(tmp_path / "b", pixel=110)  # same sizes, other pixels
+    cfg = DataConfig(name="fashion_mnist", root=str(tmp_path / "cache"), idx_gz_dir=str(tmp_path / "a"))
+    first = load_dataset(cfg).train_x
+    cfg.idx_gz_dir = str(tmp_path / "b")
+    second = load_dataset(cfg).train_x
+    assert float(second.mean()) == pytest.approx((110 / 255 - 0.2860) / 0.3530, abs=1e-5)
+    assert float(first.mean()) == pytest.approx((90 / 255 - 0.2860) / 0.3530, abs=1e-5)
+
+
+def test_the_machine_s_copies_are_found_without_a_setting_unless_switched_off(tmp_path, monkeypatch):
+    from fl_lightning.data import sources
+
+    write_idx_gz(tmp_path / "debian")
+    write_idx_gz(tmp_path / "shared" / "MNIST" / "raw")
+    for gz in (tmp_path / "shared" / "MNIST" / "raw").iterdir():  # torchvision's layout: unpacked idx files
+        gz.with_suffix("").write_bytes(gzip.decompress(gz.read_bytes()))
+    monkeypatch.setattr(sources, "MACHINE_IDX_GZ", {"fashion_mnist": (tmp_path / "debian",)})
+    monkeypatch.setattr(sources, "MACHINE_COPIES", (tmp_path / "shared",))
+    monkeypatch.setenv(sources.FALLBACKS_ENV, "on")
+
+    fashion = load_dataset(DataConfig(name="fashion_mnist", root=str(tmp_path / "cache")))
+    digits = load_dataset(DataConfig(name="mnist", root=str(tmp_path / "cache")))
+
+    assert fashion.train_x.shape == digits.train_x.shape == (12, 1, 28, 28)
+    assert (tmp_path / "cache" / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte").is_file()  # unpacked into root
+    assert not (tmp_path / "cache" / "MNIST").exists()  # read where it is
+    monkeypatch.setenv(sources.FALLBACKS_ENV, "off")
+    with pytest.raises(DataNotFoundError, match="data.download=true"):
+        load_dataset(DataConfig(name="mnist", root=str(tmp_path / "cache")))
 
 
 def test_fashion_mnist_files_given_to_an_mnist_run_are_refused_not_read_as_mnist(tmp_path):

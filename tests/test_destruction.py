@@ -149,11 +149,43 @@ def test_destroy_with_one_op_is_that_op():
 
 def test_destroy_applies_the_chosen_op_to_each_image_and_chooses_every_op(monkeypatch):
     for k, name in enumerate(DESTRUCTION_OPS):
-        monkeypatch.setitem(D._OPS, name, lambda x, g, v=float(k): torch.full_like(x, v))
+        monkeypatch.setitem(D._OPS, name, D._OPS[name]._replace(apply=lambda x, args, v=float(k): torch.full_like(x, v)))
     out = destroy(batch((256, 1, 8, 8)), gen(3))
-    chosen = D._choose_ops(256, len(DESTRUCTION_OPS), gen(3))
+    chosen, _ = D.draw_destruction(256, 8, 8, gen(3))
     assert torch.equal(out, chosen.float()[:, None, None, None].expand_as(out))
     assert set(chosen.tolist()) == set(range(len(DESTRUCTION_OPS)))
+
+
+def test_the_fixed_shape_destruction_equals_each_op_on_its_own_images():
+    # apply_destruction runs every op on every image and keeps each image's own: the same as
+    # running each op on the images that drew it, whatever the rest of the batch holds
+    x = batch((64, 3, 32, 32))
+    op, args = D.draw_destruction(64, 32, 32, gen(7))
+    out = D.apply_destruction(x, op, args.float())
+    for k, name in enumerate(DESTRUCTION_OPS):
+        own = (op == k).nonzero().squeeze(1)
+        assert len(own), name
+        torch.testing.assert_close(out[own], D._OPS[name].apply(x[own], args[own].float()), rtol=0, atol=1e-6)
+    half = D.apply_destruction(x[:32], op[:32], args[:32].float())
+    torch.testing.assert_close(out[:32], half, rtol=0, atol=1e-6)
+
+
+def test_a_pool_listing_an_op_twice_draws_it_twice_as_often():
+    # the FedOV authors' code lists some operations twice: our draw over the listed pool gives their law
+    pool = ("swap", "rotate", "rotate")
+    op, _ = D.draw_destruction(30000, 28, 28, gen(2), pool)
+    assert D.distinct_ops(pool) == ("swap", "rotate")
+    assert float((op == 1).float().mean()) == pytest.approx(2 / 3, abs=0.01)
+
+
+def test_destruction_runs_under_vmap_as_member_by_member():
+    from torch.func import vmap
+
+    x = batch((3 * 8, 1, 28, 28)).view(3, 8, 1, 28, 28)
+    drawn = [D.draw_destruction(8, 28, 28, gen(m)) for m in range(3)]
+    op, args = torch.stack([d[0] for d in drawn]), torch.stack([d[1] for d in drawn]).float()
+    one_by_one = torch.stack([D.apply_destruction(x[m], op[m], args[m]) for m in range(3)])
+    torch.testing.assert_close(vmap(D.apply_destruction)(x, op, args), one_by_one, rtol=0, atol=0)
 
 
 def test_unknown_op_is_rejected_by_name():

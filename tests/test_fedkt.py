@@ -168,3 +168,23 @@ def _consistent_vote_accuracy(state, s=2):
                 votes[i, classes[0]] += 1
     correct = [v.sum() > 0 and int(v.argmax()) == label for v, label in zip(votes, y)]
     return sum(correct) / len(y)
+
+
+def test_default_vote_is_the_authors_code_sum_of_every_students_vote():
+    # FedKT's code without privacy noise sums each party's students' votes (reading: code);
+    # the paper's consistent voting (reading: text) keeps only parties whose students agree.
+    parties = [_party(0, 2, 2), _party(1, 0, 1), _party(2, 0, 1), _party(3, 0, 1), _party(4, 0, 2)]
+    labels = {}
+    for reading, strategy in {"code": FedKT(partitions=2, final_epochs=30, final_lr=0.05, final_batch_size=8),
+                              "text": FedKT(partitions=2, final_epochs=30, final_lr=0.05, final_batch_size=8,
+                                            consistent_voting=True)}.items():
+        public = torch.randn(16, 4, generator=torch.Generator().manual_seed(1))
+        context = ServerContext(num_clients=5, make_model=lambda n: nn.Linear(4, n), public_x=public)
+        strategy.setup(nn.Linear(4, 3), 3, OptimizerConfig("adam", lr=1e-3), "loop", context)
+        state = strategy.initial_state(torch.Generator().manual_seed(0))
+        new, _ = strategy.aggregate(state, parties)
+        counts = strategy.votes(new, public)
+        labels[reading] = strategy.predict_logits(new, public).argmax(1).tolist()
+        expected = [4, 3, 3] if reading == "code" else [0, 0, 2]  # class votes on every public sample
+        assert all(row == expected for row in counts.tolist())
+    assert labels == {"code": [0] * 16, "text": [2] * 16}

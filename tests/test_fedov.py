@@ -1,7 +1,6 @@
 """FedOV: voting rules, the local open-set loss, FGSM enhancement, the one-shot strategies."""
 
 import json
-import math
 
 import numpy as np
 import pytest
@@ -13,11 +12,10 @@ from fl_lightning.config import OptimizerConfig
 from fl_lightning.algorithms.fedov.distillation import DistillationConfig, distill
 from fl_lightning.models import SimpleCNN
 from fl_lightning.algorithms.baselines import MultiClassClassifier
-from fl_lightning.algorithms.fedov import OpenSetDetector, OpenSetLoss
+from fl_lightning.algorithms.fedov import OpenSetLoss
 from fl_lightning.strategies import CloseSetVoting, FedOV, ServerContext
 from fl_lightning.strategy import ClientResult
 from fl_lightning.algorithms.fedov.voting import close_set_vote, open_set_vote
-from callbacks.outliers import fgsm_away_from
 from tests.conftest import tiny_args
 
 # Three models, two samples, two known classes + unknown (hand-made softmax outputs).
@@ -49,11 +47,6 @@ def test_close_set_vote_sums_every_member():
     torch.testing.assert_close(close_set_vote(probs), probs[0] + probs[1] + probs[2])
 
 
-def _detector(loss: OpenSetLoss) -> OpenSetDetector:
-    torch.manual_seed(0)
-    return OpenSetDetector(SimpleCNN(1, 28, 11), 10, OptimizerConfig("adam", lr=1e-3), loss)
-
-
 def _batch():
     g = torch.Generator().manual_seed(1)
     x = torch.randn(16, 1, 28, 28, generator=g)
@@ -61,105 +54,7 @@ def _batch():
     return x, y, torch.randn(16, 1, 28, 28, generator=g), torch.randn(16, 1, 28, 28, generator=g)
 
 
-@pytest.mark.parametrize("term,setting", [("dummy", "dummy_weight"), ("mixup", "mixup_weight"),
-                                          ("destroyed", "destruction_weight"), ("enhanced", "adversarial_weight")])
-def test_zeroing_a_loss_weight_removes_exactly_its_term(term, setting):
-    x, y, destroyed, enhanced = _batch()
-    full = OpenSetLoss(dummy_weight=0.3, mixup_weight=0.7, destruction_weight=0.5, adversarial_weight=2.0)
-    without = OpenSetLoss(**{**full.__dict__, setting: 0.0})
-
-    def loss_and_terms(cfg):
-        module = _detector(cfg)
-        module.outliers = {"destroyed": destroyed, "enhanced": enhanced}
-        torch.manual_seed(5)  # the mixup pairing and lambda
-        terms = module.loss_terms(x, y)
-        module.outliers = {"destroyed": destroyed, "enhanced": enhanced}
-        torch.manual_seed(5)
-        return module.training_step((x, y), 0), terms
-
-    total, terms = loss_and_terms(full)
-    reduced, _ = loss_and_terms(without)
-    assert set(terms) == {"ce", "dummy", "mixup", "destroyed", "enhanced"}
-    assert all(float(t) > 0 for t in terms.values())
-    torch.testing.assert_close(total, sum(full.weights()[k] * v for k, v in terms.items()))
-    torch.testing.assert_close(reduced, total - getattr(full, setting) * terms[term])
-
-
-def test_dummy_term_is_cross_entropy_to_unknown_with_the_true_class_masked():
-    module = _detector(OpenSetLoss())
-    x, y, _, _ = _batch()
-    logits = module.network(x).float()
-    masked = logits.clone()
-    masked[torch.arange(len(y)), y] = -1e9
-    expected = F.cross_entropy(masked, torch.full_like(y, 10))
-    torch.testing.assert_close(module.loss_terms(x, y, skip=frozenset({"mixup"}))["dummy"], expected)
-
-
-def test_mixup_skips_pairs_of_one_class():
-    module = _detector(OpenSetLoss())
-    x, _, _, _ = _batch()
-    assert "mixup" not in module.loss_terms(x, torch.zeros(16, dtype=torch.long))
-
-
-def test_fgsm_moves_outliers_towards_seen_classes():
-    module = _detector(OpenSetLoss())
-    _, _, outliers, _ = _batch()
-    before = module.network(outliers).softmax(1)
-    enhanced = fgsm_away_from(module.network, outliers, label=10, steps=5, step_size=0.05)
-    after = module.network(enhanced).softmax(1)
-    assert enhanced.shape == outliers.shape
-    assert (enhanced - outliers).abs().max() <= 5 * 0.05 + 1e-6
-    assert bool((after[:, 10] < before[:, 10]).all())  # less "unknown" for every outlier
-    assert float(after[:, :10].max(1).values.mean()) > float(before[:, :10].max(1).values.mean())
-    assert all(p.grad is None for p in module.network.parameters())
-
-
 MEAN, STD = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)  # a CIFAR-like standardisation
-
-
-def test_destruction_with_the_data_standardisation_erases_to_black_pixels():
-    from callbacks.outliers import DataDestruction
-
-    g = torch.Generator().manual_seed(2)
-    pixels = torch.rand(8, 3, 32, 32, generator=g) * 0.8 + 0.1  # no black pixel yet
-    mean, std = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
-    x = (pixels - mean) / std
-    made = DataDestruction(("erase",), MEAN, STD)
-    made.generator.manual_seed(0)
-    out = made.destroy(x)
-    black = ((out * std + mean).abs() < 1e-6)
-    assert torch.equal(black, black[:, :1].expand_as(black))  # whole pixels, every channel
-    assert 0.3 < float(black.float().mean()) <= 0.52  # one box of a third to a half per image
-    assert torch.allclose(out[~black], x[~black], atol=1e-5)
-    # Without the statistics the box takes the value 0 of the inputs as given: the mean colour.
-    plain = DataDestruction(("erase",))
-    plain.generator.manual_seed(0)
-    assert torch.equal(plain.destroy(x) == 0, black)
-
-
-def test_fgsm_with_the_data_standardisation_steps_each_pixel_by_the_paper_step():
-    from types import SimpleNamespace
-
-    from callbacks.outliers import AdversarialOutlierEnhancement
-
-    torch.manual_seed(0)
-    module = SimpleNamespace(network=SimpleCNN(3, 32, 11), unknown=10,
-                             outliers={"destroyed": torch.randn(4, 3, 32, 32)})
-    AdversarialOutlierEnhancement(steps=1, step_size=0.002, pixel_std=STD).on_train_batch_start(None, module, None, 0)
-    moved = (module.outliers["enhanced"] - module.outliers["destroyed"]) * torch.tensor(STD).view(1, 3, 1, 1)
-    moved = moved.abs()
-    assert torch.allclose(moved[moved > 0], torch.tensor(0.002), atol=1e-6)  # in [0, 1] pixel units
-    assert float((moved > 0).float().mean()) > 0.9
-
-
-def test_open_set_module_trains_its_configured_outliers():
-    from callbacks.outliers import AdversarialOutlierEnhancement, DataDestruction
-
-    types = lambda loss: [type(c) for c in _detector(loss).configure_callbacks()]
-    assert types(OpenSetLoss()) == [DataDestruction, AdversarialOutlierEnhancement]
-    assert types(OpenSetLoss(adversarial_weight=0)) == [DataDestruction]
-    assert types(OpenSetLoss(destruction_weight=0)) == [DataDestruction, AdversarialOutlierEnhancement]
-    assert types(OpenSetLoss(destruction_weight=0, adversarial_weight=0)) == []
 
 
 def test_ensemble_keeps_each_client_model_in_its_slot_and_only_trained_clients_vote():
@@ -266,116 +161,12 @@ def test_distilled_fedov_distils_on_the_first_half_of_the_test_set_and_evaluates
     assert saved["history"][-1]["test/distilled_accuracy"] == last["test/distilled_accuracy"]
 
 
-class _OneFeature(torch.nn.Module):
-    """features = the input itself (one number per sample); head: logits (x, 2x, 1/2) for
-    classes 0, 1 and "unknown" (index 2). Equal inputs give equal embeddings whatever the
-    mixup pairing and lambda, so every term can be written down by hand."""
-
-    def __init__(self):
-        super().__init__()
-        self.features = torch.nn.Identity()
-        self.head = torch.nn.Linear(1, 3)
-        with torch.no_grad():
-            self.head.weight.copy_(torch.tensor([[1.0], [2.0], [0.0]]))
-            self.head.bias.copy_(torch.tensor([0.0, 0.0, 0.5]))
-
-    def forward(self, x):
-        return self.head(self.features(x))
-
-
-def _ce(logits, target):
-    """-log softmax(logits)[target], by hand."""
-    return math.log(sum(math.exp(v) for v in logits)) - logits[target]
-
-
-def test_each_open_set_term_is_cross_entropy_to_unknown_by_hand():
-    module = OpenSetDetector(_OneFeature(), 2, OptimizerConfig("sgd", lr=0.1))
-    x, y = torch.tensor([[1.0], [1.0]]), torch.tensor([0, 1])  # one input, two labels: logits (1, 2, 0.5)
-    module.outliers = {"destroyed": torch.tensor([[3.0], [3.0]]), "enhanced": torch.tensor([[-1.0], [-1.0]])}
-    torch.manual_seed(1)
-    assert torch.randperm(2).tolist() == [1, 0]  # this seed pairs the two samples: mixup has its pair
-    torch.manual_seed(1)
-    terms = module.loss_terms(x, y)
-
-    real = [1.0, 2.0, 0.5]
-    expected = {
-        "ce": (_ce(real, 0) + _ce(real, 1)) / 2,
-        # the true class masked out, "unknown" must win among the rest (PROSER's dummy, Eq. 1)
-        "dummy": (_ce([2.0, 0.5], 1) + _ce([1.0, 0.5], 1)) / 2,
-        # lambda * 1 + (1 - lambda) * 1 = 1: the mixed embedding's logits are the real ones, target unknown
-        "mixup": _ce(real, 2),
-        "destroyed": _ce([3.0, 6.0, 0.5], 2),
-        "enhanced": _ce([-1.0, -2.0, 0.5], 2),
-    }
-    assert set(terms) == set(expected)
-    for name, value in expected.items():
-        assert float(terms[name]) == pytest.approx(value, rel=1e-6), name
-
-
-def test_fgsm_on_standardised_inputs_steps_each_pixel_away_from_unknown_by_the_paper_step():
-    from types import SimpleNamespace
-
-    from callbacks.outliers import AdversarialOutlierEnhancement
-
-    # A linear model on 3 one-pixel channels: logits (x_0, -x_1, 0) for two classes and unknown.
-    # d CE(., unknown) / dx = p_0 * (1, 0, 0) + p_1 * (0, -1, 0): ascent raises channel 0, lowers
-    # channel 1 and leaves channel 2 (no gradient) where it is.
-    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3, 3, bias=False))
-    with torch.no_grad():
-        net[1].weight.copy_(torch.tensor([[1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 0.0]]))
-    destroyed = torch.tensor([[0.2, -0.3, 0.7], [-1.0, 0.5, 0.0]]).view(2, 3, 1, 1)
-    module = SimpleNamespace(network=net, unknown=2, outliers={"destroyed": destroyed})
-    before = net(destroyed).softmax(1)[:, 2]
-
-    AdversarialOutlierEnhancement(steps=1, step_size=0.002, pixel_std=STD).on_train_batch_start(None, module, None, 0)
-
-    # 0.002 in [0, 1] pixel units is 0.002 / std in standardised units
-    expected = destroyed + torch.tensor([0.002 / STD[0], -0.002 / STD[1], 0.0]).view(1, 3, 1, 1)
-    torch.testing.assert_close(module.outliers["enhanced"], expected, rtol=0, atol=1e-7)
-    assert bool((net(module.outliers["enhanced"]).softmax(1)[:, 2] < before).all())  # less "unknown"
-
-
-def test_training_step_weights_the_terms_as_the_paper_by_hand():
-    # FedOV's defaults (Appendix B.1): CE + 0.01 dummy + 1 mixup + 1 destroyed + 1 enhanced
-    module = OpenSetDetector(_OneFeature(), 2, OptimizerConfig("sgd", lr=0.1))
-    x, y = torch.tensor([[1.0], [1.0]]), torch.tensor([0, 1])
-    module.outliers = {"destroyed": torch.tensor([[3.0], [3.0]]), "enhanced": torch.tensor([[-1.0], [-1.0]])}
-    torch.manual_seed(1)  # pairs the two samples (see the test above)
-    total = float(module.training_step((x, y), 0))
-    real = [1.0, 2.0, 0.5]
-    expected = ((_ce(real, 0) + _ce(real, 1)) / 2 + 0.01 * (_ce([2.0, 0.5], 1) + _ce([1.0, 0.5], 1)) / 2
-                + _ce(real, 2) + _ce([3.0, 6.0, 0.5], 2) + _ce([-1.0, -2.0, 0.5], 2))
-    assert total == pytest.approx(expected, rel=1e-6)
-    assert module.outliers == {}  # used once, for this batch only
-
-
-def test_loss_terms_skip_exactly_the_named_terms():
-    module = OpenSetDetector(_OneFeature(), 2, OptimizerConfig("sgd", lr=0.1))
-    x, y = torch.tensor([[1.0], [1.0]]), torch.tensor([0, 1])
-    torch.manual_seed(1)
-    assert set(module.loss_terms(x, y, skip=frozenset({"dummy"}))) == {"ce", "mixup"}
-    torch.manual_seed(1)
-    assert set(module.loss_terms(x, y, skip=frozenset({"mixup"}))) == {"ce", "dummy"}
-
-
-def test_open_set_settings_are_checked_and_reach_the_outlier_callbacks():
-    with pytest.raises(ValueError, match="std > 0"):
-        OpenSetLoss(pixel_mean=(0.5,), pixel_std=(0.0,))
-    only_features = torch.nn.Module()
-    only_features.features = torch.nn.Identity()
-    with pytest.raises(ValueError, match="features/head"):
-        OpenSetDetector(only_features, 2, OptimizerConfig())
-    destruction, enhancement = _detector(OpenSetLoss(pixel_mean=MEAN, pixel_std=STD)).configure_callbacks()
-    assert (destruction.pixel_mean, destruction.pixel_std, enhancement.pixel_std) == (MEAN, STD, STD)
-    assert (enhancement.steps, enhancement.step_size) == (5, 0.002)
-
-
 def test_fedov_defaults_are_the_papers_appendix_b1():
     strategy = FedOV()
     strategy.setup(SimpleCNN(1, 28, 11), 10, OptimizerConfig("adam"), "loop", ServerContext(num_clients=2))
     loss = strategy.loss()
     assert (loss.dummy_weight, loss.mixup_weight, loss.mixup_alpha, loss.destruction_weight, loss.adversarial_weight,
-            loss.fgsm_steps, loss.fgsm_step_size) == (0.01, 1.0, 1.0, 1.0, 1.0, 5, 0.002)
+            loss.fgsm_steps, loss.fgsm_step_size) == (1.0, 0.01, 1.0, 1.0, 1.0, 5, 0.002)  # PROSER: the code reading
     assert (strategy.distill, strategy.distill_epochs, strategy.distill_lr, strategy.distill_batch_size) == (
         False, 100, 1e-3, 64)
     assert FedOV(top_k=1).top_k == 1
@@ -406,14 +197,6 @@ def test_ensemble_trains_every_client_with_data_and_defaults_to_the_papers_disti
         assert strategy.configure_client(state, 2, np.array([7])) is not None  # one sample is enough
         assert strategy.configure_client(state, 1, np.array([], dtype=np.int64)) is None
         assert (strategy.distill_epochs, strategy.distill_lr, strategy.distill_batch_size) == (100, 1e-3, 64)
-
-
-def test_fgsm_settings_are_checked():
-    from callbacks.outliers import AdversarialOutlierEnhancement
-
-    for steps, step_size in ((0, 0.002), (5, 0.0), (5, -0.1)):
-        with pytest.raises(ValueError, match="FGSM"):
-            AdversarialOutlierEnhancement(steps, step_size)
 
 
 def test_distillation_teacher_is_the_vote_normalised_to_sum_one(monkeypatch):
@@ -450,3 +233,44 @@ def test_fedov_top_k_metrics_over_a_test_set_of_several_chunks():
     assert {k: metrics[f"topk_accuracy/{k}"] for k in (1, 2, 3)} == {1: 1.0, 2: 1.0, 3: 1.0}
     metrics = strategy.extra_metrics({}, i.float().view(n, 1), 1 - y, None)
     assert {k: metrics[f"topk_accuracy/{k}"] for k in (1, 2, 3)} == {1: 0.0, 2: 0.0, 3: 0.0}
+
+
+def test_fedov_defaults_are_the_authors_code_reading():
+    from collections import Counter
+    from fractions import Fraction
+
+    from fl_lightning.algorithms.fedov.voting import CODE_DESTRUCTION_OPS
+
+    strategy = FedOV()
+    # PROSER as the official code weights it (the paper prints beta = 0.01, gamma = 1)
+    assert (strategy.dummy_weight, strategy.mixup_weight) == (1.0, 0.01)
+    # FedOV's aug_crop: 7 transforms drawn uniformly, cut and rot listed twice; cut is a
+    # copy-paste in 4 of its 6 cases and a swap in the other 2
+    pool = {"resized_crop": Fraction(1, 7), "blur": Fraction(1, 7), "erase": Fraction(1, 7),
+            "rotate": Fraction(2, 7), "copy_paste": Fraction(2, 7) * Fraction(4, 6),
+            "swap": Fraction(2, 7) * Fraction(2, 6)}
+    counts = Counter(strategy.destruction_ops)
+    assert strategy.destruction_ops == CODE_DESTRUCTION_OPS
+    assert {op: Fraction(n, len(CODE_DESTRUCTION_OPS)) for op, n in counts.items()} == pool
+    # repeats are how a tuple weights an operation; an empty pool is refused by its key
+    assert FedOV(destruction_ops=("erase", "erase", "blur")).destruction_ops == ("erase", "erase", "blur")
+    with pytest.raises(ValueError, match="algorithm.destruction_ops"):
+        FedOV(destruction_ops=())
+
+
+def test_raw_pixels_give_fedov_the_identity_standardisation(tmp_path):
+    from fl_lightning.config import DataConfig
+    from fl_lightning.data import load_dataset
+    from tests.test_data import write_idx_gz
+
+    images = write_idx_gz(tmp_path / "gz", n_train=12, n_test=5)
+    raw = load_dataset(DataConfig(name="fashion_mnist", root=str(tmp_path / "cache"), offline_roots=[],
+                                  idx_gz_dir=str(tmp_path / "gz"), standardize=False))
+    # data.standardize: false is the authors' ToTensor(): pixels / 255, nothing else
+    torch.testing.assert_close(raw.test_x[:, 0], torch.from_numpy(images).float() / 255)
+    # ...and x = (pixel - 0) / 1, so FedOV's outliers and FGSM steps act on those pixels as given
+    assert (raw.pixel_mean, raw.pixel_std) == ((0.0,), (1.0,))
+    strategy = FedOV()
+    strategy.setup(SimpleCNN(1, 28, 11), 10, OptimizerConfig("adam"), "loop",
+                   ServerContext(num_clients=2, pixel_mean=raw.pixel_mean, pixel_std=raw.pixel_std))
+    assert (strategy.loss().pixel_mean, strategy.loss().pixel_std) == ((0.0,), (1.0,))

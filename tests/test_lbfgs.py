@@ -306,3 +306,23 @@ def test_a_pair_needs_curvature_strictly_above_eps():
     assert push_pair(S, Y, 0, s, along, eps=0.61)[3] is False  # the caller's eps is the one applied
     new_s, new_y, count, accepted = push_pair(S, Y, 0, s, along, eps=0.59)
     assert accepted and count == 1 and new_s[0].tolist() == [1.0, 0.0] and new_y[0].tolist() == [3.0, 4.0]
+
+
+def test_fimlbfgs_logs_training_accuracy_of_the_new_model_each_round(tmp_path):
+    from fl_lightning.settings import build_federation
+
+    algo = ("--federation.rounds", "2", "--algorithm", "FIMLBFGS", "--algorithm.step_size", "0.05",
+            "--algorithm.damping", "1.0", "--algorithm.train_accuracy_samples", "1000000")
+    summary = main(["fit", *tiny_args(tmp_path / "all", *algo)])
+    # more samples asked than the clients hold: every pooled training sample is scored, which
+    # here is the whole training set, so the loop's own evaluation on it must agree
+    _, _, federation = build_federation(["fit", *tiny_args(tmp_path / "check", *algo)], callbacks=[])
+    federation.setup()
+    assert sum(len(ix) for ix in federation.client_indices) == len(federation.train_labels)
+    federation.state = load_checkpoint(tmp_path / "all" / "checkpoints" / "last.ckpt")["state"]
+    assert _history(summary, "train/accuracy")[-1] == pytest.approx(federation.evaluate("train")["train/accuracy"])
+
+    sub = main(["fit", *tiny_args(tmp_path / "sub", *algo[:-1], "50")])
+    assert all(a * 50 == pytest.approx(round(a * 50)) for a in _history(sub, "train/accuracy"))  # of 50 samples
+    off = main(["fit", *tiny_args(tmp_path / "off", *algo[:-1], "0")])
+    assert all("train/accuracy" not in m for m in off["history"])

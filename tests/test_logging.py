@@ -63,7 +63,7 @@ def _wandb_records(path):
 def _progress_output(tmp_path, mode, monkeypatch, ci=False):
     import io
 
-    from callbacks import ConsoleProgress
+    from fl_lightning.callbacks import ConsoleProgress
     from fl_lightning import federation as fed_module
 
     if ci:
@@ -84,15 +84,16 @@ def _progress_output(tmp_path, mode, monkeypatch, ci=False):
     return made[0], stream.getvalue()
 
 
-def test_live_progress_redraws_one_line_per_client(tmp_path, monkeypatch):
-    progress, out = _progress_output(tmp_path, "live", monkeypatch)
-    assert progress.mode == "live"
-    assert out.count("clients   1/3") == 2 and out.count("clients   3/3") == 2  # 3 clients x 2 rounds
-    assert out.count("\n") == 2 and "round    2/2" in out and "eta" in out
+def test_bar_progress_redraws_one_line(tmp_path, monkeypatch):
+    progress, out = _progress_output(tmp_path, "bar", monkeypatch)
+    assert progress.mode == "bar"
+    assert out.count("clients 3/3") == 2  # the last client of each of the 2 rounds
+    assert out.count("\n") == 2 and "round    2/2" in out and "run eta" in out  # one kept line per round
 
 
-def test_progress_is_quiet_under_ci_and_one_line_per_round_in_logs(tmp_path, monkeypatch):
-    quiet, out = _progress_output(tmp_path / "ci", "auto", monkeypatch, ci=True)
-    assert quiet.mode == "quiet" and out == ""
-    lines, out = _progress_output(tmp_path / "log", "auto", monkeypatch)
-    assert lines.mode == "lines" and len(out.splitlines()) == 2 and "clients" not in out
+def test_progress_in_logs_and_under_ci_is_plain_rate_limited_lines(tmp_path, monkeypatch):
+    for ci in (True, False):
+        lines, out = _progress_output(tmp_path / str(ci), "auto", monkeypatch, ci=ci)
+        # the first epoch's estimate, then (short rounds) one line per round
+        assert lines.mode == "lines" and "\r" not in out and len(out.splitlines()) == 3
+        assert "epoch 1/2" in out.splitlines()[0]

@@ -1,8 +1,25 @@
+import functools
+import gzip
+import hashlib
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from fl_lightning.config import PartitionConfig
+from fl_lightning.config import PartitionConfig, default_data_root
 from fl_lightning.data.partition import dirichlet, non_iid_l, num_labels, partition_clients, partition_table
+
+REPO = Path(__file__).resolve().parents[1]
+# Clients drawn by NIID-Bench's own partition_data (and FedOV's copy of it), recorded outside
+# this repository: tests/data/niid_bench_partitions.json says how.
+RECORDED = json.loads((REPO / "tests" / "data" / "niid_bench_partitions.json").read_text())
+LABEL_FILES = {  # where the recorded label vectors live on a machine that has the data sets
+    "mnist": [REPO.parent / "shared" / "data" / "MNIST" / "raw" / "train-labels-idx1-ubyte",
+              Path(default_data_root()) / "MNIST" / "raw" / "train-labels-idx1-ubyte"],
+    "fashion_mnist": [Path("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"),
+                      Path(default_data_root()) / "FashionMNIST" / "raw" / "train-labels-idx1-ubyte"],
+}
 
 
 def balanced_labels(per_class=600, n=10):
@@ -176,3 +193,97 @@ def test_non_iid_l_draws_labels_weighted_by_the_shards_they_have_left():
         same += int(set(labels[clients[0]]) == set(labels[clients[1]]))
 
     assert abs(same / trials - 1 / 5) < 0.04  # 5 standard errors; uniform would give 1/3
+
+
+@functools.lru_cache(maxsize=None)
+def recorded_labels(dataset: str) -> np.ndarray:
+    """The label vector a recording was made on, checked against its recorded hash."""
+    entry = RECORDED["datasets"][dataset]
+    if "labels" in entry:
+        labels = np.asarray(entry["labels"], dtype=np.int64)
+    else:
+        path = next((f for f in LABEL_FILES[dataset] if f.is_file()), None)
+        if path is None:
+            pytest.skip(f"{dataset}'s training labels are not on this machine (looked for {LABEL_FILES[dataset]})")
+        raw = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
+        labels = np.frombuffer(raw[8:], dtype=np.uint8).astype(np.int64)  # idx1: 8 header bytes, then uint8 labels
+    assert hashlib.sha256(labels.tobytes()).hexdigest() == entry["labels_sha256"], f"{dataset}: not the recorded labels"
+    return labels
+
+
+def index_hash(indices: np.ndarray) -> str:
+    return hashlib.sha256(np.sort(indices).astype("<i8").tobytes()).hexdigest()
+
+
+def niid_bench_config(case: dict) -> PartitionConfig:
+    return PartitionConfig(scheme=case["scheme"], num_clients=RECORDED["num_clients"],
+                           labels_per_client=case["labels_per_client"] or 2,
+                           dirichlet_beta=RECORDED["dirichlet_beta"], rng="niid_bench")
+
+
+RECORDED_CASES = [(name, case) for name, entry in RECORDED["datasets"].items() for case in entry["cases"]]
+
+
+@pytest.mark.parametrize("dataset,case", RECORDED_CASES,
+                         ids=[f"{name}-{case['partition']}-seed{case['seed']}" for name, case in RECORDED_CASES])
+def test_niid_bench_stream_gives_the_clients_niid_bench_code_draws(dataset, case):
+    labels = recorded_labels(dataset)
+
+    clients = partition_clients(labels, niid_bench_config(case), seed=case["seed"])
+
+    assert [sorted(set(labels[c].tolist())) for c in clients] == [r["labels"] for r in case["clients"]]
+    assert [len(c) for c in clients] == [r["count"] for r in case["clients"]]
+    assert [index_hash(c) for c in clients] == [r["sha256"] for r in case["clients"]]
+    if "indices" in case["clients"][0]:  # the small synthetic case lists every index
+        assert [c.tolist() for c in clients] == [r["indices"] for r in case["clients"]]
+
+
+def test_the_fedov_configs_partition_fmnist_as_niid_bench_seeds_it(tmp_path):
+    # The shipped path: configs/fedov_fmnist.yaml with #C=2 and --seed 1, through the command
+    # line's settings, gives the clients NIID-Bench's experiments.py --init_seed 1 gives.
+    from fl_lightning.settings import build_federation
+
+    labels = recorded_labels("fashion_mnist")
+    gz_dir = LABEL_FILES["fashion_mnist"][0].parent
+    if not (gz_dir / "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip(f"Fashion-MNIST's images are not in {gz_dir}")
+    case = next(c for c in RECORDED["datasets"]["fashion_mnist"]["cases"]
+                if c["partition"] == "noniid-#label2" and c["seed"] == 1)
+
+    _, _, federation = build_federation(["fit", "--config", str(REPO / "configs" / "fedov_fmnist.yaml"), "--seed", "1",
+                                         "--partition.labels_per_client", "2", "--data.idx_gz_dir", str(gz_dir),
+                                         "--data.root", str(tmp_path), "--run.dir", str(tmp_path / "run"),
+                                         "--run.logger", "none"])
+    federation.setup()
+
+    assert np.array_equal(federation.train_labels, labels)
+    assert [index_hash(c) for c in federation.client_indices] == [r["sha256"] for r in case["clients"]]
+
+
+def test_num_labels_with_one_class_per_client_is_the_same_under_both_streams():
+    # #C=1 over as many clients as classes: client i holds all of class i whatever the draws,
+    # so runs of #C=1 cells made with either stream trained on the same clients.
+    labels = recorded_labels("synthetic")
+    for seed in range(3):
+        both = [partition_clients(labels, PartitionConfig(scheme="num_labels", num_clients=10, labels_per_client=1,
+                                                          rng=rng), seed) for rng in ("numpy", "niid_bench")]
+        assert [c.tolist() for c in both[0]] == [c.tolist() for c in both[1]]
+        assert [set(labels[c].tolist()) for c in both[0]] == [{i} for i in range(10)]
+
+
+def test_the_default_stream_still_draws_the_label_sets_of_the_committed_runs():
+    # #C=2's label sets depend only on the seed (the draws never look at the data); these are
+    # the sets partition.rng=numpy gave the runs committed before partition.rng existed.
+    committed = {0: "01 16 25 13 34 57 68 79 68 69", 1: "06 12 27 38 49 05 16 37 18 49",
+                 2: "09 18 27 34 24 56 06 78 18 49"}
+    labels = balanced_labels(50)
+    for seed, sets in committed.items():
+        clients = partition_clients(labels, PartitionConfig(scheme="num_labels", num_clients=10, labels_per_client=2), seed)
+        assert " ".join("".join(map(str, np.unique(labels[c]))) for c in clients) == sets
+
+
+@pytest.mark.parametrize("scheme", ["non_iid_l", "label_groups"])
+def test_niid_bench_stream_refuses_schemes_niid_bench_does_not_have(scheme):
+    cfg = PartitionConfig(scheme=scheme, num_clients=10, labels_per_client=2, rng="niid_bench")
+    with pytest.raises(ValueError, match=f"partition.rng=niid_bench .* partition.scheme={scheme} is not one of them"):
+        partition_clients(balanced_labels(10), cfg, 0)

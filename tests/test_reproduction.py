@@ -1,5 +1,6 @@
-"""The README's reproduction table is generated from committed run summaries: mean ± sample
-std over seeds, the difference from the paper, rounds to a target, and why a cell has no runs."""
+"""The reproduction table (docs/reproduction.md) and the README's one-line-per-paper summary are
+generated from committed run summaries: mean ± sample std over seeds, the difference from the
+paper, rounds to a target, and why a cell has no runs."""
 
 import json
 from pathlib import Path
@@ -139,38 +140,54 @@ def test_a_run_still_training_is_left_out_until_its_summary_is_written(tmp_path)
     assert [r.config["seed"] for r in a.records] == [0]
 
 
-def test_the_readme_block_is_replaced_and_bad_specs_are_named(tmp_path):
+def test_the_doc_and_readme_blocks_are_replaced_and_bad_specs_are_named(tmp_path, capsys):
     fake_run(tmp_path / "runs" / "a" / "seed0", [0.5], 0)
     path = spec(tmp_path, '  - {id: a, paper: P, data: D, setting: S, method: M, paper_value: 50.0, paper_protocol: x, runs: runs/a}\n')
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# title\n{reproduction.HEADLINE_BEGIN}\nold claim\n{reproduction.HEADLINE_END}\n\n"
-                      f"{reproduction.BEGIN}\nold typed table\n{reproduction.END}\n\nafter\n")
-    assert len(reproduction.stale_blocks(path, readme)) == 2
-    table = main(["report", "--reproduction", str(path), "--readme", str(readme)])
-    text = readme.read_text()
+    doc, readme = tmp_path / "reproduction.md", tmp_path / "README.md"
+    doc.write_text(f"# title\n{reproduction.HEADLINE_BEGIN}\nold claim\n{reproduction.HEADLINE_END}\n\n"
+                   f"{reproduction.BEGIN}\nold typed table\n{reproduction.END}\n\nafter\n")
+    readme.write_text(f"# readme\n{reproduction.SUMMARY_BEGIN}\nold summary\n{reproduction.SUMMARY_END}\nend\n")
+    assert len(reproduction.stale_blocks(path, doc, readme)) == 3
+    table = main(["report", "--reproduction", str(path), "--doc", str(doc), "--readme", str(readme)])
+    text = doc.read_text()
     assert "old typed table" not in text and "old claim" not in text
     assert text.startswith("# title\n") and text.endswith("\n\nafter\n")
-    assert reproduction.readme_block(readme) == table and reproduction.stale_blocks(path, readme) == []
-    assert reproduction.readme_block(readme, reproduction.HEADLINE_BEGIN, reproduction.HEADLINE_END) == \
+    assert reproduction.block(doc) == table and reproduction.stale_blocks(path, doc, readme) == []
+    assert reproduction.block(doc, reproduction.HEADLINE_BEGIN, reproduction.HEADLINE_END) == \
         "- **P**: 1 of 1 cells run, 1 within 3 points of the paper.\n"
+    assert readme.read_text() == (f"# readme\n{reproduction.SUMMARY_BEGIN}\n- **P**: 1 of 1 cells run, 1 within 3 "
+                                  f"points of the paper.\n{reproduction.SUMMARY_END}\nend\n")
 
-    with pytest.raises(ValueError, match=r"cell 0 \(a\): unknown keys \['paper_valu'\]"):
+    with pytest.raises(ValueError, match=r"cell 0 \(a\): .*missing 6 required positional arguments"):
         reproduction.load_cells(spec(tmp_path, "  - {id: a, paper_valu: 1}\n"))
+    assert "keys ['paper_valu'] are not read by the reproduction table" in capsys.readouterr().err
     with pytest.raises(ValueError, match="cell 'b' has no runs under runs/b and no 'missing:' reason"):
         reproduction.load_cells(spec(tmp_path, '  - {id: b, paper: P, data: D, setting: S, method: M, '
                                                'paper_value: 1, paper_protocol: x, runs: runs/b}\n'))
     good = spec(tmp_path, '  - {id: a, paper: P, data: D, setting: S, method: M, paper_value: 50.0, paper_protocol: x, runs: runs/a}\n')
     (tmp_path / "plain.md").write_text("# no markers\n")
-    with pytest.raises(ValueError, match="plain.md has no reproduction-table markers"):
-        reproduction.write(good, tmp_path / "plain.md")
+    with pytest.raises(ValueError, match="plain.md has no reproduction markers"):
+        reproduction.write(good, doc=tmp_path / "plain.md")
+    with pytest.raises(ValueError, match="plain.md has no reproduction markers"):
+        reproduction.write(good, readme=tmp_path / "plain.md")
 
 
-def test_the_readme_table_and_headline_are_the_ones_the_committed_runs_give():
-    """Regenerate from reports/reproduction and compare: the README cannot drift from the runs."""
+def test_a_key_another_tool_keeps_in_a_cell_is_tolerated(tmp_path, capsys):
+    fake_run(tmp_path / "runs" / "a" / "seed0", [0.5], 0)
+    path = spec(tmp_path, '  - {id: a, paper: P, data: D, setting: S, method: M, paper_value: 50.0, paper_protocol: x, '
+                          'runs: runs/a, page_in_paper: 7}\n')
+
+    (a,) = reproduction.load_cells(path)
+
+    assert a.extra == {"page_in_paper": 7} and a.mean == pytest.approx(50.0)
+    assert "cell 0 (a): keys ['page_in_paper'] are not read" in capsys.readouterr().err
+
+
+def test_the_doc_table_and_headline_and_the_readme_summary_are_the_ones_the_committed_runs_give():
+    """Regenerate from reports/reproduction and compare: neither file can drift from the runs."""
     cells = ROOT / "reports" / "reproduction" / "cells.yaml"
-    assert reproduction.stale_blocks(cells, ROOT / "README.md") == [], (
-        "README's reproduction table or headline is stale: run python -m fl_lightning report --reproduction "
-        "reports/reproduction/cells.yaml --readme README.md")
+    assert reproduction.stale_blocks(cells, ROOT / "docs" / "reproduction.md", ROOT / "README.md") == [], (
+        f"the reproduction table, headline or summary is stale: run {reproduction.COMMAND}")
 
 
 def test_runs_evaluated_per_client_show_the_interval_and_the_global_accuracy(tmp_path):
@@ -228,3 +245,34 @@ def test_runs_at_the_papers_budget_are_shown_beside_the_cell_and_kept_out_of_its
   - {id: a, paper: P, data: D, setting: S, method: M, paper_value: 88.9, paper_protocol: x, runs: runs/fedov,
      budget_runs: runs/typo}
 """))
+
+
+def test_each_row_names_its_reading_after_the_method(tmp_path):
+    fake_run(tmp_path / "runs" / "text" / "seed0", [0.60], 0)
+    fake_run(tmp_path / "runs" / "code" / "seed0", [0.72], 0)
+    path = spec(tmp_path, """
+  - {id: t, reading: text, paper: "P, T1", data: D, setting: S, method: M, paper_value: 73.0, paper_protocol: x, runs: runs/text}
+  - {id: c, reading: code, paper: "P, T1", data: D, setting: S, method: M, paper_value: 73.0, paper_protocol: x, runs: runs/code}
+  - {id: n, paper: "P, T1", data: D, setting: S2, method: N, paper_value: 50.0, paper_protocol: x, missing: later}
+""")
+
+    rows = [line.split(" | ") for line in reproduction.write(path).splitlines()[2:5]]
+
+    assert [r[3] for r in rows] == ["M (reading: text)", "M (reading: code)", "N"]
+    assert "D S M (reading: text) 60.0 vs 73.0" in reproduction.headline(reproduction.load_cells(path))
+
+
+def test_every_text_reading_row_has_its_code_reading_beside_it():
+    """The rule (docs/reproduction_readings.md): where text and code differ both readings are
+    listed side by side; a code row without runs says how to make them."""
+    cells = reproduction.load_cells(ROOT / "reports" / "reproduction" / "cells.yaml")
+    by_id = {c.id: c for c in cells}
+    texts = [c for c in cells if c.reading == "text"]
+    assert texts
+    for cell in texts:
+        twin = by_id.get(cell.id + "_code")
+        assert twin is not None and twin.reading == "code", cell.id
+        assert cells.index(twin) == cells.index(cell) + 1
+        assert (twin.paper, twin.data, twin.setting, twin.method, twin.paper_value) == \
+            (cell.paper, cell.data, cell.setting, cell.method, cell.paper_value)
+        assert twin.records or "python -m fl_lightning fit --config configs/" in twin.missing, twin.id

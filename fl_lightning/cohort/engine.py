@@ -4,9 +4,12 @@ Members (one model each: a FedAvg client, a FedOVA (client, detector) pair) are 
 along a leading dimension and trained by one Lightning ``Trainer`` in one fit. Every step
 runs ``vmap(grad(member loss))`` over all members, each on a batch of its own client's data
 (``plan.BatchPlan``), then the per-member optimizer (``optim.StackedOptimizer``); members
-whose local training has ended are masked. On a GPU the step is captured once in a CUDA
-graph and replayed (shapes are static within a round; a cohort of the same shapes in a later
-round reuses the graph), and the data stay on the device: a round costs the arithmetic.
+whose local training has ended are masked. A loss that is random at every step reads its
+draws (``members.StepDraws``) from device buffers filled a window of steps at a time, so
+the step has static shapes too. On a GPU the step is captured once in a CUDA graph and
+replayed (shapes are static within a round; a cohort of the same shapes in a later round
+reuses the graph) while the host draws the next window, and the data stay on the device: a
+round costs the arithmetic.
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import grad_and_value, vmap
 
-from fl_lightning.cohort.members import CohortPlugin, Member, StepStreams
+from fl_lightning.cohort.members import CohortPlugin, Member, StepDraws
 from fl_lightning.cohort.optim import STACKED_OPTIMIZERS, StackedOptimizer
 from fl_lightning.cohort.plan import BatchPlan, build_plan
 from fl_lightning.config import OptimizerConfig
+from fl_lightning.functional import functional_forward
 
 
 def _stack(dicts: Sequence[dict[str, Tensor]], device) -> list[Tensor]:
@@ -32,17 +36,17 @@ def _stack(dicts: Sequence[dict[str, Tensor]], device) -> list[Tensor]:
 
 
 class CohortRunner:
-    """The static tensors of one cohort shape (parameters, optimizer state, batch plan) and
-    its training step, eager or replayed from a captured CUDA graph."""
+    """The static tensors of one cohort shape (parameters, optimizer state, batch plan, draw
+    buffers) and its training step, eager or replayed from a captured CUDA graph."""
 
     WARMUP_STEPS = 3  # eager steps on a side stream before capture (cuDNN/cuBLAS set-up)
+    DRAW_WINDOW = 256  # steps of random draws per buffer fill (FedOV, 10 members, B = 64: 5 MB)
 
     def __init__(self, template: nn.Module, plugin: CohortPlugin, members: list[Member], plan: BatchPlan,
                  x: Tensor, y: Tensor, optimizer: OptimizerConfig, use_graph: bool,
-                 streams: Optional[StepStreams] = None) -> None:
+                 draws: Optional[StepDraws] = None) -> None:
         device = x.device
-        self.x, self.y, self.plugin, self.streams = x, y, plugin, streams
-        self.input_names: list[str] = []
+        self.x, self.y, self.plugin, self.draws = x, y, plugin, draws
         self.names = list(members[0].params)
         self.const_names = list(members[0].consts)
         self.params = _stack([m.params for m in members], device)
@@ -50,26 +54,23 @@ class CohortRunner:
         self.offsets = (_stack([m.grad_offset for m in members], device) if members[0].grad_offset is not None
                         else None)
         self.plan = plan.to(device)  # static buffers: a later plan of as many steps or fewer fits in them
+        self.host_plan = plan  # the draws are made on the host, from the plan's real samples
         self.num_steps = plan.num_steps
         self.optimizer = StackedOptimizer(optimizer, self.params)
         self.counter = torch.zeros(1, dtype=torch.long, device=device)
         self.loss_sum = torch.zeros(len(members), device=device)
-        self.use_graph = use_graph and device.type == "cuda" and streams is None  # host draws every step
+        self.use_graph = use_graph and device.type == "cuda"
         self.graph: Optional[torch.cuda.CUDAGraph] = None
-        meta = copy.deepcopy(template).to("meta")  # lends its forward code; its own tensors cost nothing
+        # the draws of DRAW_WINDOW steps (steps, members, ...), read at draw_position by the step
+        self.draw_buffers: dict[str, Tensor] = {}
+        self.draw_position = torch.zeros(1, dtype=torch.long, device=device)
+        self.draw_names: list[str] = []  # set by the first fill (run), before any step reads them
+        forward = functional_forward(copy.deepcopy(template).to("meta"))  # lends its code; its tensors cost nothing
 
-        def forward(params: dict[str, Tensor], inputs: Tensor, part: str = "") -> Tensor:
-            if not part:
-                return functional_call(meta, params, (inputs,))
-            prefix = part + "."
-            own = {n[len(prefix):]: t for n, t in params.items() if n.startswith(prefix)}
-            return functional_call(meta.get_submodule(part), own, (inputs,))
-
-        static = streams.static if streams is not None else {}
-
-        def member_loss(params, consts, xb, yb, wb, inputs):
+        def member_loss(params, consts, xb, yb, wb, drawn):
+            static = self.draws.static if self.draws is not None else {}
             return plugin.loss(forward, dict(zip(self.names, params)), dict(zip(self.const_names, consts)), xb, yb, wb,
-                               **static, **dict(zip(self.input_names, inputs)))
+                               **static, **dict(zip(self.draw_names, drawn)))
 
         self.grad_fn = vmap(grad_and_value(member_loss))
 
@@ -84,10 +85,11 @@ class CohortRunner:
     def fits(self, plan: BatchPlan) -> bool:
         return plan.num_steps <= self.plan.num_steps
 
-    def load(self, members: list[Member], plan: BatchPlan) -> None:
-        """A new round's members and plan into the same static tensors (the graph reads them);
-        the plan may be shorter than the buffers (the rest is never reached)."""
+    def load(self, members: list[Member], plan: BatchPlan, draws: Optional[StepDraws] = None) -> None:
+        """A new round's members, plan and draws into the same static tensors (the graph reads
+        them); the plan may be shorter than the buffers (the rest is never reached)."""
         device = self.x.device
+        self.draws, self.host_plan = draws, plan
         for static, new in zip(self.params, _stack([m.params for m in members], device)):
             static.copy_(new)
         if self.const_names:
@@ -109,45 +111,71 @@ class CohortRunner:
         self.counter.zero_()
         self.loss_sum.zero_()
 
+    def _fill_draws(self, start: int, count: int) -> None:
+        """Steps start .. start + count - 1's draws into the buffers, read from position 0 on."""
+        window = self.draws.window(start, self.host_plan.weight[start:start + count],
+                                   self.host_plan.active[start:start + count])
+        for name, host in window.items():
+            if name not in self.draw_buffers:
+                self.draw_buffers[name] = torch.zeros((self.DRAW_WINDOW, *host.shape[1:]), dtype=host.dtype,
+                                                      device=self.x.device)
+            self.draw_buffers[name][:count].copy_(host)
+        self.draw_names = list(self.draw_buffers)
+        self.draw_position.zero_()
+
     def step(self) -> None:
         s = self.counter
         index = self.plan.index.index_select(0, s).squeeze(0)  # (members, B)
         weight = self.plan.weight.index_select(0, s).squeeze(0)
-        active = self.plan.active.index_select(0, s).squeeze(0)
         last = self.plan.last_epoch.index_select(0, s).squeeze(0)
+        active = self.plan.active.index_select(0, s).squeeze(0)
         xb, yb = self.x[index], self.y[index]
-        inputs = self.streams.inputs(xb, yb, weight, active) if self.streams is not None else {}
-        self.input_names = list(inputs)
-        grads, losses = self.grad_fn(tuple(self.params), tuple(self.consts), xb, yb, weight, tuple(inputs.values()))
+        drawn = tuple(self.draw_buffers[n].index_select(0, self.draw_position).squeeze(0) for n in self.draw_names)
+        grads, losses = self.grad_fn(tuple(self.params), tuple(self.consts), xb, yb, weight, drawn)
         if self.offsets is not None:
             grads = [g + o for g, o in zip(grads, self.offsets)]
         self.optimizer.step(self.params, [g.float() for g in grads], active)
         self.loss_sum.add_(losses.detach().float() * last)
         self.counter.add_(1)
+        self.draw_position.add_(1)
 
-    def run(self, autocast: Callable) -> None:
-        """All of the plan's steps from a fresh optimizer state."""
-        self.reset()
-        steps = self.num_steps
+    @property
+    def window(self) -> int:
+        """Steps per window: with draws, as many as the draw buffers hold; else the whole plan."""
+        return self.DRAW_WINDOW if self.draws is not None else max(self.num_steps, 1)
+
+    def windows(self) -> list[tuple[int, int]]:
+        """(first step, steps) of each window of the plan."""
+        return [(start, min(self.window, self.num_steps - start)) for start in range(0, self.num_steps, self.window)]
+
+    def run_window(self, start: int, count: int, autocast: Callable) -> None:
+        """Steps start .. start + count - 1 (the windows in order, after ``reset``)."""
+        if self.draws is not None:
+            self._fill_draws(start, count)
         if not self.use_graph:
-            for _ in range(steps):
+            for _ in range(count):
                 with autocast():
                     self.step()
             return
-        if steps == 0:
-            return
         if self.graph is None:
             self._capture(autocast)
-        for _ in range(steps):
+        for _ in range(count):
             self.graph.replay()
 
+    def run(self, autocast: Callable) -> None:
+        """All of the plan's steps from a fresh optimizer state; with draws, a window of steps
+        at a time (the host draws the next window while the device runs this one)."""
+        self.reset()
+        for start, count in self.windows():
+            self.run_window(start, count, autocast)
+
     def _capture(self, autocast: Callable) -> None:
-        state = self.params + self.optimizer.tensors() + [self.counter, self.loss_sum]
+        state = self.params + self.optimizer.tensors() + [self.counter, self.loss_sum, self.draw_position]
         saved = [t.clone() for t in state]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(min(self.WARMUP_STEPS, self.num_steps)):  # never past the plan's end
+            for _ in range(min(self.WARMUP_STEPS, self.num_steps, self.DRAW_WINDOW)):  # never past the plan's end
                 with autocast():
                     self.step()
         torch.cuda.current_stream().wait_stream(side)
@@ -168,19 +196,24 @@ class CohortRunner:
         return [s / max(self.plan.last_epoch_batches[k], 1) for s, k in zip(sums, streams)]
 
 
-class _OneBatch:
-    """The Trainer's "dataloader": one batch, the round's whole plan."""
+class StepWindows:
+    """The cohort Trainer's data: one batch per window of the plan's steps, (first step, steps);
+    each training step of the ``CohortModule`` runs that window for every member."""
+
+    def __init__(self, runner: CohortRunner) -> None:
+        self.windows = runner.windows()
 
     def __iter__(self):
-        yield torch.zeros(1)
+        return iter(self.windows)
 
     def __len__(self) -> int:
-        return 1
+        return len(self.windows)
 
 
 def cohort_module(runner: CohortRunner):
-    """The LightningModule a cohort's Trainer fits: one training step runs the whole plan
-    (manual optimisation: the member optimizers live in the runner)."""
+    """The LightningModule a cohort's Trainer fits, with the Trainer's precision, device and
+    callbacks (e.g. the client time budget, checked after every window): each training step
+    runs one window of the plan (manual optimisation: the member optimizers live in the runner)."""
     from lightning.pytorch import LightningModule
 
     class CohortModule(LightningModule):
@@ -189,13 +222,18 @@ def cohort_module(runner: CohortRunner):
             self.automatic_optimization = False
             self.runner = runner
 
+        def on_train_epoch_start(self) -> None:
+            runner.reset()
+
         def training_step(self, batch, batch_idx):
+            start, count = batch
             device = runner.x.device.type
             # the Trainer's precision (bf16-mixed: autocast is on here); the cache is off so that
             # a CUDA graph does not capture a cast of weights that later change
             enabled = torch.is_autocast_enabled(device)
             dtype = torch.get_autocast_dtype(device)
-            runner.run(lambda: torch.autocast(device, dtype=dtype, enabled=enabled, cache_enabled=False))
+            runner.run_window(int(start), int(count),
+                              lambda: torch.autocast(device, dtype=dtype, enabled=enabled, cache_enabled=False))
             return None
 
         def configure_optimizers(self):
@@ -210,8 +248,9 @@ class CohortTrainer:
 
     MAX_GRAPHS = 8  # cohort shapes whose captured graphs are kept (GPU memory)
 
-    def __init__(self, ctx, make_trainer: Callable) -> None:
-        self.ctx, self.make_trainer = ctx, make_trainer
+    def __init__(self, ctx, make_trainer: Callable, fit_callbacks: Callable[[], list] = list) -> None:
+        # fit_callbacks: a fresh set of Lightning callbacks per cohort fit (a time budget starts then)
+        self.ctx, self.make_trainer, self.fit_callbacks = ctx, make_trainer, fit_callbacks
         self._runners: dict[tuple, CohortRunner] = {}
 
     def plugin_for(self, task) -> Optional[tuple[CohortPlugin, tuple]]:
@@ -240,20 +279,20 @@ class CohortTrainer:
         member_plan = BatchPlan(plan.index[:, member_entry], plan.weight[:, member_entry], plan.active[:, member_entry],
                                 plan.last_epoch[:, member_entry], plan.steps, plan.last_epoch_batches)
         optimizer = entries[0][0].optimizer
-        streams = plugin.step_streams(self.ctx, [task for task, _ in entries], list(seeds), member_entry)
+        draws = plugin.step_draws(self.ctx, [task for task, _ in entries], list(seeds), member_entry)
         key = (id(plugin), CohortRunner.shape_key(members, member_plan, optimizer))
-        runner = self._runners.pop(key, None) if streams is None else None
+        runner = self._runners.pop(key, None)
         if runner is not None and runner.fits(member_plan):
-            runner.load(members, member_plan)
+            runner.load(members, member_plan, draws)
         else:
             runner = CohortRunner(self.ctx.template, plugin, members, member_plan, self.ctx.x, self.ctx.y, optimizer,
-                                  self.ctx.trainer.cuda_graph, streams)
+                                  self.ctx.trainer.cuda_graph, draws)
         if runner.use_graph:  # a graph is worth keeping (most recently used last); an eager runner is cheap
             self._runners[key] = runner
             while len(self._runners) > self.MAX_GRAPHS:
                 self._runners.pop(next(iter(self._runners)))
-        trainer = self.make_trainer(self.ctx, 1)
-        trainer.fit(cohort_module(runner), train_dataloaders=_OneBatch())
+        trainer = self.make_trainer(self.ctx, 1, self.fit_callbacks())
+        trainer.fit(cohort_module(runner), train_dataloaders=StepWindows(runner))
         params = runner.member_params()
         losses = runner.member_losses(member_entry)
         results, start = [], 0

@@ -3,25 +3,24 @@
 A client plug-in (one per task kind, defined next to the LightningModule that trains that
 kind alone) says which tasks stack together, splits a task into members (one model each,
 with the constants of its loss), gives one member's loss on one batch (a pure function that
-the engine vectorises over members) and turns the trained members back into the client's
-result; a loss that draws random numbers every step (FedOV's outliers) also gives the
-``StepStreams`` that draw them per member on the host. The engine knows no algorithm: it only
-calls these methods.
+the engine vectorises over members: the algorithm's one objective, which its LightningModule
+calls too) and turns the trained members back into the client's result; a loss that draws
+random numbers every step (FedOV's outliers) also gives the ``StepDraws`` that draw them for
+each member from its client's own generators. The engine knows no algorithm: it only calls
+these methods.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Optional
+from typing import Hashable, Optional, Protocol, Sequence
 
+import torch
 from torch import Tensor
 
+from fl_lightning.functional import Forward, weighted_mean  # noqa: F401 (the plug-ins' vocabulary)
 from fl_lightning.messages import ClientResult, ClientTask
-
-#: ``forward(params, x, part="")``: the run's architecture applied with one member's parameters
-#: (``part``: only that submodule, e.g. "features", with the parameters under its prefix)
-Forward = Callable[..., Tensor]
 
 
 @dataclass
@@ -34,12 +33,6 @@ class Member:
     consts: dict[str, Tensor] = field(default_factory=dict)
     #: added to the gradient before every optimizer step (SCAFFOLD's c - c_i)
     grad_offset: Optional[dict[str, Tensor]] = None
-
-
-def weighted_mean(per_sample: Tensor, weight: Tensor) -> Tensor:
-    """The mean over a batch's real samples (padding has weight 0): equal to the plain mean
-    of the unpadded batch, which is what the member would compute alone."""
-    return (per_sample * weight).sum() / weight.sum().clamp(min=1)
 
 
 class CohortPlugin(ABC):
@@ -56,18 +49,18 @@ class CohortPlugin(ABC):
         """How many members ``task`` brings (to chunk cohorts before building them)."""
         return len(self.members(task, {}))
 
-    def step_streams(self, ctx, tasks: list[ClientTask], seeds: list[int],
-                     member_tasks: list[int]) -> Optional["StepStreams"]:
-        """Per-step inputs drawn on the host for every member (``member_tasks[m]``: the index in
-        ``tasks`` of member m's task; ``seeds``: each task's client seed), e.g. random outliers
-        drawn as each client alone would draw them; None (the default): the loss needs none."""
+    def step_draws(self, ctx, tasks: list[ClientTask], seeds: list[int],
+                   member_tasks: list[int]) -> Optional["StepDraws"]:
+        """Every member's per-step random draws (``member_tasks[m]``: the index in ``tasks`` of
+        member m's task; ``seeds``: each task's client seed), e.g. random outliers drawn as each
+        client alone draws them; None (the default): the loss draws nothing."""
         return None
 
     @abstractmethod
     def loss(self, forward: Forward, params: dict[str, Tensor], consts: dict[str, Tensor], x: Tensor, y: Tensor,
              weight: Tensor, **inputs) -> Tensor:
         """One member's training loss on one padded batch (called under ``torch.func.vmap``);
-        ``inputs``: the ``StepStreams``' static settings and this member's per-step tensors."""
+        ``inputs``: the ``StepDraws``' static settings and this member's draws for this step."""
 
     @abstractmethod
     def result(self, task: ClientTask, params: list[dict[str, Tensor]], losses: list[float], steps: int,
@@ -75,14 +68,41 @@ class CohortPlugin(ABC):
         """The client's result from its members' final parameters and last-epoch mean losses."""
 
 
-class StepStreams(ABC):
-    """What a cohort's loss reads besides the batch that is drawn anew at every step, member by
-    member, on the host (so the cohort's step runs eagerly: no CUDA graph)."""
+class DrawSource(Protocol):
+    """One member's random draws, step after step (e.g. fedov.draws.OpenSetDraws)."""
 
-    #: settings the loss reads (plain Python values, the same for every member)
-    static: dict = {}
+    def take(self, step: int, n: int, width: int) -> dict[str, Tensor]:
+        """Step ``step``'s draws for ``n`` real samples padded to ``width``: the same names and
+        shapes at every step; steps are taken in order."""
 
-    @abstractmethod
-    def inputs(self, x: Tensor, y: Tensor, weight: Tensor, active: Tensor) -> dict[str, Tensor]:
-        """This step's tensors, one row per member: ``x``/``y``/``weight`` are the padded
-        batches (members, B, ...), ``active`` whether each member takes this step."""
+
+class StepDraws:
+    """What a cohort's loss reads besides the batch that is random at every step: ``sources[m]``
+    draws member m's, from its own client's generators, in the order of its steps; ``static``:
+    the loss's settings (plain Python values, the same for every member). The engine asks for a
+    window of steps at a time and copies it into device buffers that the step reads by index,
+    so the step keeps static shapes (a CUDA graph replays it) while the host draws the next window."""
+
+    def __init__(self, sources: Sequence[DrawSource], static: Optional[dict] = None) -> None:
+        self.sources, self.static = list(sources), dict(static or {})
+
+    def window(self, start: int, weight: Tensor, active: Tensor) -> dict[str, Tensor]:
+        """Steps start .. start + len(weight) - 1 for every member: tensors (steps, members, ...).
+        ``weight`` (steps, members, B) on the CPU: each member's real samples; ``active`` (steps,
+        members): whether it steps. A member that does not step gets zeros (its step is masked)."""
+        steps, members, width = weight.shape
+        rows: list[list[dict[str, Tensor]]] = []
+        blank: Optional[dict[str, Tensor]] = None
+        for s in range(steps):
+            row = []
+            for m in range(members):
+                if active[s, m] > 0:
+                    row.append(self.sources[m].take(start + s, int(weight[s, m].sum()), width))
+                    blank = blank or {k: torch.zeros_like(v) for k, v in row[-1].items()}
+                else:
+                    row.append(None)
+            rows.append(row)
+        if blank is None:
+            raise ValueError(f"no member steps in steps {start}..{start + steps - 1}")
+        return {k: torch.stack([torch.stack([(d if d is not None else blank)[k] for d in row]) for row in rows])
+                for k in blank}

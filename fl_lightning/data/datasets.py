@@ -1,8 +1,9 @@
 """Whole data sets as in-memory tensors (loaded once; clients are index views).
 
 The loading goes through torchvision's dataset classes, so online users get
-``download=True`` and everyone gets torchvision's folder layout. The speech corpora
-(speech_commands, fsdd) are MFCC tensors built by ``fl_lightning.data.speech``.
+``download=True`` and everyone gets torchvision's folder layout; where the files are looked
+for is fl_lightning.data.sources' (docs/data.md). The speech corpora (speech_commands, fsdd)
+are MFCC tensors built by ``fl_lightning.data.speech``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from fl_lightning.config import DataConfig, default_data_root
+from fl_lightning.config import DataConfig
+from fl_lightning.data.sources import (DataNotFoundError, data_root, download_note, explicit_folder, machine_idx_gz,
+                                       search_roots, with_mirror)
 
 # Per-channel statistics of the training sets, for standardisation.
 _NORMALISATION = {
@@ -56,10 +59,6 @@ class FederatedDataset:
     def input_size(self) -> tuple[int, int]:
         """(H, W) of one sample; (50, 16) frames x MFCCs for the speech corpora."""
         return tuple(self.train_x.shape[-2:])
-
-
-class DataNotFoundError(FileNotFoundError):
-    pass
 
 
 class DataFormatError(ValueError):
@@ -112,9 +111,11 @@ def _load_whole(cfg: DataConfig) -> FederatedDataset:
     if cfg.name in ("speech_commands", "fsdd"):
         from fl_lightning.data.speech import load_speech  # MFCC features, cached (docs/kws.md)
 
-        return load_speech(cfg, Path(cfg.root or default_data_root()).expanduser())
+        return load_speech(cfg, data_root(cfg))
     train, test = load_uint8_splits(cfg)
     mean, std = _NORMALISATION[cfg.name]
+    if not cfg.standardize:  # raw [0, 1] pixels: the identity map, so pixel_mean/std stay exact for FedOV
+        mean, std = (0.0,) * len(mean), (1.0,) * len(std)
     return FederatedDataset(
         cfg.name,
         _standardise(train[0], mean, std),
@@ -142,7 +143,7 @@ def load_uint8_splits(cfg: DataConfig) -> tuple[tuple[Tensor, Tensor], tuple[Ten
         except image_pack.ImagePackError as err:
             raise DataFormatError(str(err)) from err
         return _checked(cfg.name, Path(cfg.image_pack), train, test)
-    root = Path(cfg.root or default_data_root()).expanduser()
+    root = data_root(cfg)
     if cfg.name in ("fashion_mnist", "mnist"):
         return _load_mnist_like(cfg, root)
     if cfg.name == "cifar10":
@@ -157,29 +158,41 @@ def _standardise(images_uint8: Tensor, mean, std) -> Tensor:
     return x.sub_(mean_t).div_(std_t).contiguous()
 
 
-def _candidate_roots(cfg: DataConfig, root: Path) -> list[Path]:
-    return [root] + [Path(p).expanduser() for p in cfg.offline_roots]
-
-
 def _load_mnist_like(cfg: DataConfig, root: Path):
     from torchvision.datasets import MNIST, FashionMNIST
 
     cls = FashionMNIST if cfg.name == "fashion_mnist" else MNIST
     folder = cls.__name__  # torchvision reads <root>/<ClassName>/raw/
-    if cfg.idx_gz_dir and not _has_idx_files(root / folder / "raw"):
-        _unpack_idx_gz(Path(cfg.idx_gz_dir).expanduser(), root / folder / "raw", cfg)
-    for candidate in _candidate_roots(cfg, root):
+    if cfg.idx_gz_dir:  # named by the user: it wins over any copy, and must hold the files
+        _unpack_idx_gz(explicit_folder("idx_gz_dir", cfg.idx_gz_dir), root / folder / "raw")
+        return _mnist_tensors(cfg.name, cls, root, download=False)
+    roots = search_roots(cfg)
+    for candidate in roots:
         if _has_idx_files(candidate / folder / "raw"):
             return _mnist_tensors(cfg.name, cls, candidate, download=False)
+    for gz_dir in machine_idx_gz(cfg.name):
+        if not _missing_gz(gz_dir):
+            _unpack_idx_gz(gz_dir, root / folder / "raw")
+            return _mnist_tensors(cfg.name, cls, root, download=False)
     if cfg.download:
-        return _mnist_tensors(cfg.name, cls, root, download=True)
+        return _download(cfg, lambda: _mnist_tensors(cfg.name, with_mirror(cls, cfg.mirror), root, download=True), root)
     raise DataNotFoundError(
-        f"{cfg.name}: {_root_note(root)}No idx files under {[str(c / folder / 'raw') for c in _candidate_roots(cfg, root)]}. "
-        f"Online: set data.download=true. Offline: put torchvision's layout under data.root "
-        f"(or ${'FL_LIGHTNING_DATA'}), list a copy in data.offline_roots, or point data.idx_gz_dir at the "
-        f"original *-ubyte.gz files (Fashion-MNIST: `apt-get install dataset-fashion-mnist`, "
-        f"then data.idx_gz_dir=/usr/share/datasets/fashion-mnist)."
+        f"{cfg.name}: {_root_note(root)}No idx files under {[str(c / folder / 'raw') for c in roots]}. "
+        f"Online: set data.download=true (into data.root). Offline: put torchvision's layout under data.root "
+        f"(or $FL_LIGHTNING_DATA), list a copy in data.offline_roots, or point data.idx_gz_dir at a folder of the "
+        f"original *-ubyte.gz files (Fashion-MNIST on Debian/Ubuntu: `apt-get install dataset-fashion-mnist`, "
+        f"found in /usr/share/datasets/fashion-mnist without a setting)."
     )
+
+
+def _download(cfg: DataConfig, load, root: Path):
+    """``load()`` downloading into ``root``; a failed download names where it came from."""
+    try:
+        return load()
+    except (RuntimeError, OSError) as err:  # torchvision: RuntimeError after all mirrors failed; URLError, md5
+        raise DataNotFoundError(f"{cfg.name}: data.download=true could not fetch the files from "
+                                f"{download_note(cfg)} into data.root={str(root)!r}: {' '.join(str(err).split())}"
+                                ) from err
 
 
 def _mnist_tensors(name: str, cls, root: Path, download: bool):
@@ -217,16 +230,41 @@ def _has_idx_files(folder: Path) -> bool:
     return all((folder / name).exists() for name in _IDX_FILES)
 
 
-def _unpack_idx_gz(source: Path, target: Path, cfg: DataConfig) -> None:
-    missing = [n for n in _IDX_FILES if not (source / f"{n}.gz").exists()]
+# Beside unpacked idx files: the folder of *-ubyte.gz they came from, so that another
+# data.idx_gz_dir (another copy of the set, of the same sizes) is unpacked, not shadowed.
+_UNPACKED_FROM = "unpacked_from.txt"
+
+
+def _missing_gz(source: Path) -> list[str]:
+    return [f"{n}.gz" for n in _IDX_FILES if not (source / f"{n}.gz").is_file()]
+
+
+def _unpack_idx_gz(source: Path, target: Path) -> None:
+    """The idx files of ``source``'s ``*-ubyte.gz`` in ``target``, unpacked again when those there
+    came from another folder or are not the size the archive unpacks to."""
+    missing = _missing_gz(source)
     if missing:
-        raise DataNotFoundError(f"data.idx_gz_dir={str(source)!r} lacks {[m + '.gz' for m in missing]}")
+        raise DataNotFoundError(f"data.idx_gz_dir={str(source)!r} lacks {missing}")
     target.mkdir(parents=True, exist_ok=True)
+    origin = target / _UNPACKED_FROM
+    same_source = origin.is_file() and origin.read_text() == str(source.resolve())
+    origin.unlink(missing_ok=True)  # written again once every file is in place
     for name in _IDX_FILES:
+        archive, unpacked = source / f"{name}.gz", target / name
+        if same_source and unpacked.is_file() and unpacked.stat().st_size == _gz_size(archive):
+            continue
         partial = target / f"{name}.partial"
-        with gzip.open(source / f"{name}.gz", "rb") as src, open(partial, "wb") as dst:
+        with gzip.open(archive, "rb") as src, open(partial, "wb") as dst:
             shutil.copyfileobj(src, dst)
-        partial.replace(target / name)  # atomic: a crash never leaves a truncated idx file
+        partial.replace(unpacked)  # atomic: a crash never leaves a truncated idx file
+    origin.write_text(str(source.resolve()))
+
+
+def _gz_size(archive: Path) -> int:
+    """The unpacked size gzip records in its last four bytes (modulo 2**32; idx files are smaller)."""
+    with open(archive, "rb") as f:
+        f.seek(-4, 2)
+        return int.from_bytes(f.read(4), "little")
 
 
 def _load_cifar10(cfg: DataConfig, root: Path):
@@ -244,7 +282,8 @@ def _load_cifar10(cfg: DataConfig, root: Path):
             self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
 
     cls = CIFAR10 if cfg.check_integrity else UncheckedCIFAR10
-    for candidate in _candidate_roots(cfg, root):
+    roots = search_roots(cfg)
+    for candidate in roots:
         if (candidate / "cifar-10-batches-py" / "data_batch_1").exists():
             try:
                 return _cifar_tensors(cls, candidate, download=False)
@@ -254,9 +293,9 @@ def _load_cifar10(cfg: DataConfig, root: Path):
                     f"(such as shared/data's JPEG rebuild) needs data.check_integrity=false."
                 ) from err
     if cfg.download:
-        return _cifar_tensors(cls, root, download=True)
+        return _download(cfg, lambda: _cifar_tensors(with_mirror(cls, cfg.mirror), root, download=True), root)
     raise DataNotFoundError(
-        f"cifar10: {_root_note(root)}No cifar-10-batches-py/ under {[str(c) for c in _candidate_roots(cfg, root)]}. "
+        f"cifar10: {_root_note(root)}No cifar-10-batches-py/ under {[str(c) for c in roots]}. "
         f"Online: set data.download=true. Offline: list a folder holding cifar-10-batches-py/ in data.offline_roots."
     )
 
@@ -284,7 +323,8 @@ def _load_svhn(cfg: DataConfig, root: Path):
 
     cls = SVHN if cfg.check_integrity else UncheckedSVHN
     files = ("train_32x32.mat", "test_32x32.mat")
-    for candidate in _candidate_roots(cfg, root):
+    roots = search_roots(cfg)
+    for candidate in roots:
         folder = candidate / "SVHN"
         if all((folder / f).exists() for f in files):
             try:
@@ -293,9 +333,9 @@ def _load_svhn(cfg: DataConfig, root: Path):
                 raise DataNotFoundError(f"svhn under {folder} failed torchvision's integrity check ({err}); "
                                         f"a re-encoded copy needs data.check_integrity=false") from err
     if cfg.download:
-        return _svhn_tensors(cls, root / "SVHN", download=True)
+        return _download(cfg, lambda: _svhn_tensors(with_mirror(cls, cfg.mirror), root / "SVHN", download=True), root)
     raise DataNotFoundError(
-        f"svhn: {_root_note(root)}No {' and '.join(files)} under {[str(c / 'SVHN') for c in _candidate_roots(cfg, root)]}. "
+        f"svhn: {_root_note(root)}No {' and '.join(files)} under {[str(c / 'SVHN') for c in roots]}. "
         f"Online: set data.download=true. Offline: put torchvision's SVHN files in an SVHN/ folder of data.root "
         f"or of one of data.offline_roots."
     )

@@ -1,14 +1,23 @@
 """Splitting a training set over K clients. Each partitioner returns one int64 index
-array per client (views into the shared tensors) and uses only the generator it is given."""
+array per client (views into the shared tensors) and uses only the generator it is given.
+
+Two random streams draw the splits (``partition.rng``): fl_lightning's own numpy Generator,
+and a replay of NIID-Bench's code (``niid_bench``, see ``niid_bench_partition``)."""
 
 from __future__ import annotations
+
+import random
+from typing import Callable, Optional, Union
 
 import numpy as np
 
 from fl_lightning.config import PartitionConfig
 
 
-def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+Stream = Union[np.random.Generator, np.random.RandomState]  # RandomState: NIID-Bench's legacy calls
+
+
+def iid(labels: np.ndarray, num_clients: int, rng: Stream) -> list[np.ndarray]:
     return [np.sort(part) for part in np.array_split(rng.permutation(len(labels)), num_clients)]
 
 
@@ -58,27 +67,44 @@ def non_iid_l(labels: np.ndarray, num_clients: int, labels_per_client: int, rng:
 def num_labels(labels: np.ndarray, num_clients: int, labels_per_client: int, rng: np.random.Generator) -> list[np.ndarray]:
     """NIID-Bench's #C=k (used by FedOV): client i holds class i mod n plus k-1 other
     random classes; each class is split equally over the clients holding it. A class no
-    client drew is left out (NIID-Bench does the same)."""
+    client drew (fewer clients than classes) is left out; NIID-Bench's code stops with an
+    error there."""
     classes = np.unique(labels)
-    n, k = len(classes), labels_per_client
+    held = _draw_label_sets(classes, num_clients, labels_per_client, lambda: classes[rng.integers(len(classes))])
+    return _split_over_holders(labels, classes, held, rng.permutation, permute_unheld=False)
+
+
+def _draw_label_sets(classes: np.ndarray, num_clients: int, k: int, draw_class: Callable[[], int]) -> list[list]:
+    """#C=k's label sets: client i takes class i mod n, then draws classes (``draw_class``),
+    keeping the ones it does not hold yet, until it holds k."""
+    n = len(classes)
     if not 1 <= k <= n:
         raise ValueError(f"partition.labels_per_client={k} must lie in [1, {n}]")
     held = []
     for i in range(num_clients):
         current = [classes[i % n]]
         while len(current) < k:
-            c = classes[rng.integers(n)]
+            c = draw_class()
             if c not in current:
                 current.append(c)
         held.append(current)
-    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    return held
+
+
+def _split_over_holders(labels: np.ndarray, classes: np.ndarray, held: list[list], permutation: Callable,
+                        permute_unheld: bool) -> list[np.ndarray]:
+    """Each class, shuffled by ``permutation``, cut into equal parts for its holders in client
+    order. ``permute_unheld``: a class nobody holds is shuffled too, as NIID-Bench's loop does
+    (the draw moves its stream)."""
+    parts: list[list[np.ndarray]] = [[] for _ in held]
     for c in classes:
-        holders = [i for i in range(num_clients) if c in held[i]]
-        if not holders:
+        holders = [i for i, current in enumerate(held) if c in current]
+        if not holders and not permute_unheld:
             continue
-        for i, split in zip(holders, np.array_split(rng.permutation(np.flatnonzero(labels == c)), len(holders))):
+        members = permutation(np.flatnonzero(labels == c))
+        for i, split in zip(holders, np.array_split(members, max(len(holders), 1))):
             parts[i].append(split)
-    return [np.sort(np.concatenate(p)) for p in parts]
+    return [np.sort(np.concatenate(p)) for p in parts]  # never empty: client i holds class i mod n
 
 
 def label_groups(labels: np.ndarray, num_clients: int, labels_per_client: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -103,14 +129,17 @@ def label_groups(labels: np.ndarray, num_clients: int, labels_per_client: int, r
     return [np.sort(np.concatenate(p)) for p in parts]
 
 
-def dirichlet(labels: np.ndarray, num_clients: int, beta: float, min_samples: int, rng: np.random.Generator,
-              max_attempts: int = 1000) -> list[np.ndarray]:
+def dirichlet(labels: np.ndarray, num_clients: int, beta: float, min_samples: int, rng: Stream,
+              max_attempts: int = 1000, classes: Optional[np.ndarray] = None) -> list[np.ndarray]:
     """NIID-Bench's Dir(beta) label skew: per class, proportions drawn from Dir(beta) over
     the clients (clients already above the mean size get none); redrawn until every client
-    holds at least ``min_samples``."""
+    holds at least ``min_samples``. Given a legacy ``RandomState``, its calls are
+    NIID-Bench's own, in its order (``permutation`` draws as its ``shuffle`` does).
+    ``classes``: the label values to deal, in order (default: those present)."""
     if beta <= 0:
         raise ValueError(f"partition.dirichlet_beta={beta} must be > 0")
-    N, classes = len(labels), np.unique(labels)
+    N = len(labels)
+    classes = np.unique(labels) if classes is None else classes
     if min_samples * num_clients > N:
         raise ValueError(f"partition.min_samples={min_samples} x {num_clients} clients exceeds the {N} samples")
     for _ in range(max_attempts):
@@ -137,7 +166,11 @@ def partition_clients(labels, cfg: PartitionConfig, seed: int) -> list[np.ndarra
     if cfg.num_clients > len(labels):
         raise ValueError(f"partition.num_clients={cfg.num_clients} exceeds the {len(labels)} training samples")
     rng = np.random.default_rng([seed, 0x9A27])  # the partition's own stream
-    if cfg.scheme == "iid":
+    if cfg.rng == "niid_bench":
+        clients = niid_bench_partition(labels, cfg, seed)
+    elif cfg.rng != "numpy":  # pragma: no cover (the config's Literal rejects it first)
+        raise ValueError(f"partition.rng={cfg.rng!r} is unknown (numpy | niid_bench)")
+    elif cfg.scheme == "iid":
         clients = iid(labels, cfg.num_clients, rng)
     elif cfg.scheme == "non_iid_l":
         clients = non_iid_l(labels, cfg.num_clients, cfg.labels_per_client, rng)
@@ -151,7 +184,7 @@ def partition_clients(labels, cfg: PartitionConfig, seed: int) -> list[np.ndarra
         raise ValueError(f"partition.scheme={cfg.scheme!r} is unknown")
     if cfg.share_fraction < 0:
         raise ValueError(f"partition.share_fraction={cfg.share_fraction} must be >= 0")
-    if cfg.share_fraction > 0:
+    if cfg.share_fraction > 0:  # NIID-Bench has no data sharing: its subset comes from our stream either way
         clients = add_shared_subset(clients, len(labels), cfg.share_fraction, rng)
     empty = [k for k, c in enumerate(clients) if len(c) == 0]
     if empty:
@@ -161,6 +194,39 @@ def partition_clients(labels, cfg: PartitionConfig, seed: int) -> list[np.ndarra
             f"partition.num_clients" + (", a larger partition.min_samples or dirichlet_beta" if cfg.scheme == "dirichlet" else "")
         )
     return [c.astype(np.int64) for c in clients]
+
+
+def niid_bench_partition(labels: np.ndarray, cfg: PartitionConfig, seed: int) -> list[np.ndarray]:
+    """NIID-Bench's partitions drawn from NIID-Bench's random stream: ``seed`` gives the
+    clients the classes and samples that its ``experiments.py --init_seed seed`` gives them.
+
+    Its ``experiments.py`` calls ``np.random.seed(seed)`` and ``random.seed(seed)`` (and
+    torch's, unused here) right before ``utils.py``'s ``partition_data``, which then draws:
+    - ``homo`` (iid): ``np.random.permutation(N)``, cut into K equal parts;
+    - ``noniid-#label{k}`` (num_labels): the label sets with Python's ``random.randint``
+      (client i holds class i mod n, then draws until it holds k classes), then for every
+      class 0..n-1 in turn, held or not, ``np.random.shuffle`` of its indices, cut into
+      equal parts for its holders in client order. Its ``num == 10`` branch (every client
+      holds all classes) gives the same split without the label draws;
+    - ``noniid-labeldir`` (dirichlet): per attempt, per class in turn, ``np.random.shuffle``
+      then ``np.random.dirichlet``, until every client has ``min_require_size`` = 10
+      samples (``partition.min_samples``); its last per-client shuffles only reorder.
+    FedOV's repository carries the same ``partition_data``. Classes are the label values
+    0..max (its ``range(K)``); every client's indices come back sorted, as ours do.
+    """
+    stream = np.random.RandomState(seed)  # NIID-Bench's np.random.* calls, on a private RandomState
+    if cfg.scheme == "iid":
+        return iid(labels, cfg.num_clients, stream)
+    classes = np.arange(labels.max() + 1)  # its range(K): a class with no sample still takes its draws
+    if cfg.scheme == "dirichlet":
+        return dirichlet(labels, cfg.num_clients, cfg.dirichlet_beta, cfg.min_samples, stream, classes=classes)
+    if cfg.scheme == "num_labels":
+        draws = random.Random(seed)  # NIID-Bench's random.randint calls
+        held = _draw_label_sets(classes, cfg.num_clients, cfg.labels_per_client,
+                                lambda: classes[draws.randint(0, len(classes) - 1)])
+        return _split_over_holders(labels, classes, held, stream.permutation, permute_unheld=True)
+    raise ValueError(f"partition.rng=niid_bench replays NIID-Bench's iid, num_labels and dirichlet partitions; "
+                     f"partition.scheme={cfg.scheme} is not one of them (use partition.rng=numpy)")
 
 
 def add_shared_subset(clients: list[np.ndarray], num_samples: int, fraction: float, rng: np.random.Generator):

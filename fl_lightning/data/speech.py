@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.config import DataConfig
+from fl_lightning.data.sources import DataNotFoundError, explicit_folder, search_roots
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +140,6 @@ def _has_keywords(folder: Path) -> bool:
 
 
 def locate_speech_commands(cfg: DataConfig, root: Path) -> Path:
-    from fl_lightning.data.datasets import DataNotFoundError
-
     if cfg.speech_commands_dir:
         folder = Path(cfg.speech_commands_dir).expanduser()
         if not _has_keywords(folder):
@@ -149,7 +148,7 @@ def locate_speech_commands(cfg: DataConfig, root: Path) -> Path:
                 f"keywords {list(KEYWORDS)}"
             )
         return folder
-    candidates = [root] + [Path(p).expanduser() for p in cfg.offline_roots]
+    candidates = search_roots(cfg)
     for candidate in candidates:  # torchaudio's layout: <root>/SpeechCommands/<version>/<word>/
         folder = candidate / "SpeechCommands" / cfg.speech_commands_version
         if _has_keywords(folder):
@@ -170,12 +169,13 @@ def locate_speech_commands(cfg: DataConfig, root: Path) -> Path:
 
 
 def locate_fsdd(cfg: DataConfig, root: Path) -> Path:
-    from fl_lightning.data.datasets import DataNotFoundError
-
     if cfg.fsdd_dir:
-        candidates = [Path(cfg.fsdd_dir).expanduser()]
-    else:
-        candidates = [c / "fsdd" / "recordings" for c in [root] + [Path(p).expanduser() for p in cfg.offline_roots]]
+        folder = explicit_folder("fsdd_dir", cfg.fsdd_dir)
+        if not any(_FSDD_NAME.match(p.name) for p in folder.glob("*.wav")):
+            raise DataNotFoundError(f"data.fsdd_dir={cfg.fsdd_dir!r} holds no {{digit}}_{{speaker}}_{{index}}.wav "
+                                    f"recordings")
+        return folder
+    candidates = [c / "fsdd" / "recordings" for c in search_roots(cfg)]
     for folder in candidates:
         if folder.is_dir() and any(_FSDD_NAME.match(p.name) for p in folder.glob("*.wav")):
             return folder

@@ -179,7 +179,7 @@ class AthenaFL(Strategy):
 
     def configure_callbacks(self) -> list:
         """Aggregation, then Step 3 after the probe round (callbacks/clustering.py)."""
-        from callbacks.clustering import ClientClustering
+        from fl_lightning.callbacks.clustering import ClientClustering
 
         return [*super().configure_callbacks(), ClientClustering()]
 

@@ -9,11 +9,38 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fl_lightning.aggregation import scaffold_client_delta
-from fl_lightning.cohort.members import CohortPlugin, Member, weighted_mean
+from fl_lightning.cohort.members import CohortPlugin, Member
 from fl_lightning.config import OptimizerConfig
+from fl_lightning.functional import Forward, functional_forward, weighted_mean
 from fl_lightning.messages import ClientResult, ClientTask, prefixed, task_settings, with_prefix
 from fl_lightning.modules.learner import LocalLearner
 from fl_lightning.plugins import ClientPlugin, register_client_plugin
+
+
+def classifier_objective(forward: Forward, params: dict[str, Tensor], consts: dict[str, Tensor], x: Tensor,
+                         y: Tensor, weight: Tensor) -> Tensor:
+    """The FedAvg family's local loss, written once for both engines: cross-entropy over the
+    batch's real samples, plus FedProx's proximal term mu/2 ||w - w_start||^2 (``consts["mu"]``,
+    ``consts["start.<name>"]``) and FedDANE's linear term <c, w - w_start> (``consts["linear.<name>"]``)."""
+    loss = weighted_mean(F.cross_entropy(forward(params, x).float(), y, reduction="none"), weight)
+    if "mu" in consts:
+        distance = sum(((p - consts[f"start.{n}"]) ** 2).sum() for n, p in params.items())
+        loss = loss + consts["mu"] / 2 * distance
+    if any(k.startswith("linear.") for k in consts):
+        loss = loss + sum((consts[f"linear.{n}"] * (p - consts[f"start.{n}"])).sum() for n, p in params.items())
+    return loss
+
+
+def classifier_consts(params: dict[str, Tensor], prox_mu: float, linear: Optional[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """The constants ``classifier_objective`` reads: the starting point and mu (FedProx, FedDANE)
+    and FedDANE's coefficients; none for plain FedAvg."""
+    consts: dict[str, Tensor] = {}
+    if prox_mu > 0 or linear is not None:
+        consts.update({f"start.{n}": t.detach().clone() for n, t in params.items()})
+        consts["mu"] = torch.tensor(float(prox_mu))
+    if linear is not None:
+        consts.update({f"linear.{n}": t for n, t in linear.items()})
+    return consts
 
 
 class MultiClassClassifier(LocalLearner):
@@ -41,8 +68,7 @@ class MultiClassClassifier(LocalLearner):
         self.network = network.to(memory_format=torch.channels_last)
         self.prox_mu = prox_mu
         self._batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in network.modules())
-        self._start = ([p.detach().clone() for p in self.network.parameters()]
-                       if prox_mu > 0 or linear is not None else [])
+        self.functional = functional_forward(self.network)
         if control is not None:
             names = {name for name, _ in self.network.named_parameters()}
             if set(control) != names:
@@ -53,6 +79,7 @@ class MultiClassClassifier(LocalLearner):
             if set(linear) != names:
                 raise ValueError(f"FedDANE's linear term {sorted(set(linear) ^ names)} does not match the parameters")
         self.linear = linear
+        self.consts = classifier_consts(dict(self.network.named_parameters()), prox_mu, linear)
         # FIM-L-BFGS's client-side reading: every step needs the batch's diagonal Fisher besides
         # the closure, which Lightning's automatic optimisation cannot pass
         self.automatic_optimization = optimizer.name != "fim_lbfgs"
@@ -94,21 +121,14 @@ class MultiClassClassifier(LocalLearner):
         return optimizer.step(closure=closure, fisher=fisher).detach()
 
     def objective(self, x: Tensor, y: Tensor) -> Tensor:
-        """The local loss: cross-entropy (+ FedProx's and FedDANE's terms)."""
-        loss = F.cross_entropy(self(x).float(), y)
-        if self.prox_mu > 0:
-            distance = sum(((p - p0.to(p.device)) ** 2).sum() for p, p0 in zip(self.network.parameters(), self._start))
-            loss = loss + self.prox_mu / 2 * distance
-        if self.linear is not None:
-            loss = loss + sum((self.linear[name].to(p.device) * (p - p0.to(p.device))).sum()
-                              for (name, p), p0 in zip(self.network.named_parameters(), self._start))
-        return loss
+        """The local loss, ``classifier_objective`` on this module's parameters."""
+        return classifier_objective(self.functional, dict(self.network.named_parameters()), self.consts, x, y,
+                                    torch.ones(len(y), device=x.device))
 
     def on_fit_start(self) -> None:
         if self.control is not None:  # once, not at every step
             self.control = {k: v.to(self.device) for k, v in self.control.items()}
-        if self.linear is not None:
-            self.linear = {k: v.to(self.device) for k, v in self.linear.items()}
+        self.consts = {k: v.to(self.device) for k, v in self.consts.items()}
 
     def on_before_optimizer_step(self, optimizer) -> None:
         # Lightning calls this after backward (and after unscaling with 16-mixed), just
@@ -216,9 +236,9 @@ class ClassifierClient(ClientPlugin):
 
 
 class ClassifierCohort(CohortPlugin):
-    """The FedAvg family's client in the cohort engine: one member per client, with
-    ``MultiClassClassifier``'s loss (cross-entropy, FedProx's proximal term, FedDANE's linear
-    term about the starting point) and SCAFFOLD's c - c_i added to every gradient."""
+    """The FedAvg family's client in the cohort engine: one member per client, trained by
+    ``classifier_objective`` (``MultiClassClassifier``'s own loss) with SCAFFOLD's c - c_i added
+    to every gradient (as the module adds it before each optimizer step)."""
 
     def stack_key(self, task):
         if task.settings.get("architecture") is not None:  # another architecture than the run's (ATHENA-FL's probe)
@@ -231,24 +251,11 @@ class ClassifierCohort(CohortPlugin):
         return 1
 
     def members(self, task, client_state):
-        consts: dict[str, Tensor] = {}
-        linear = feddane_correction(task, client_state)
-        prox_mu = task.settings.get("prox_mu", 0.0)
-        if prox_mu > 0 or linear is not None:
-            consts.update({f"start.{n}": t for n, t in task.params.items()})
-            consts["mu"] = torch.tensor(float(prox_mu))
-        if linear is not None:
-            consts.update({f"linear.{n}": t for n, t in linear.items()})
+        consts = classifier_consts(task.params, task.settings.get("prox_mu", 0.0), feddane_correction(task, client_state))
         return [Member(dict(task.params), consts, scaffold_correction(task, client_state))]
 
     def loss(self, forward, params, consts, x, y, weight):
-        loss = weighted_mean(F.cross_entropy(forward(params, x).float(), y, reduction="none"), weight)
-        if "mu" in consts:
-            distance = sum(((p - consts[f"start.{n}"]) ** 2).sum() for n, p in params.items())
-            loss = loss + consts["mu"] / 2 * distance
-        if any(k.startswith("linear.") for k in consts):
-            loss = loss + sum((consts[f"linear.{n}"] * (p - consts[f"start.{n}"])).sum() for n, p in params.items())
-        return loss
+        return classifier_objective(forward, params, consts, x, y, weight)
 
     def result(self, task, params, losses, steps, num_samples, client_state):
         (state,) = params

@@ -5,9 +5,10 @@ Party side (``train_party``), repeated for each of its s partitionings:
     split the local data into t disjoint parts, train one teacher per part;
     label the unlabelled public data by the teachers' majority vote;
     train a student on the public data with those labels.
-The party uploads its s students. Server side (``vote_counts`` with ``consistent=True``):
-each party votes only for the public samples on which all its s students agree, with s
-votes; the final model is trained on the public data labelled by the vote.
+The party uploads its s students. Server side (``vote_counts``): the final model is trained on
+the public data labelled by the students' vote. The authors' code, without privacy noise, sums
+every student's vote (``consistent=False``, the FedKT strategy's default); the paper's consistent voting
+(``consistent=True``) lets a party vote, with s votes, only where all its s students agree.
 
 Defaults follow the authors' scripts and FedOV's use of them: s = 2, t = 5, 100 student
 epochs, the run's optimizer (Adam 0.001) and batch size for every model.

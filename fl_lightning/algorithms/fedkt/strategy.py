@@ -2,8 +2,9 @@
 transfer, FedOV's one-shot baseline with public data (Table 1 and Table 3).
 
 Round 1 is FedKT itself: every party trains s x t teachers and s students
-(fl_lightning.algorithms.fedkt.knowledge_transfer.train_party); the server labels the public data by the
-parties' consistent votes and trains the final model on it. Later rounds, if any, run
+(fl_lightning.algorithms.fedkt.knowledge_transfer.train_party); the server labels the public data by
+the parties' votes (every student's vote summed, as the authors' code does without privacy noise,
+or the paper's consistent votes) and trains the final model on it. Later rounds, if any, run
 FedProx (FedAvg with ``mu`` = 0) from the final model: FedOV's FedKT_FedProx (Figure 4).
 """
 
@@ -35,9 +36,12 @@ class FedKT(Strategy):
         final_epochs, final_lr, final_batch_size: the server's final model, trained by
             cross-entropy on the vote-labelled public data with Adam (100, 1e-3, 64; no
             weight decay, the same trainer as FedDF's and Distilled FedOV's distillation).
-        consistent_voting: a party votes, with s votes, only where its s students agree
-            (FedKT's consistent voting, as its paper describes it); false: every student
-            votes (what the authors' code computes when no privacy noise is added).
+        consistent_voting: false (the default, ``reading: code``): every student votes, as
+            the authors' code computes when no privacy noise is added (FedKT's experiments.py,
+            get_prediction_labels: with gamma unset it sums each party's students' votes and
+            applies the consistency mask only on the noisy path; FedOV ran it so). True
+            (``reading: text``): a party votes, with s votes, only where its s students agree,
+            FedKT's consistent voting as its paper describes it.
         mu: FedProx's proximal weight for rounds after the first (0: FedAvg).
         weighted: FedAvg's sample-count weighting for rounds after the first (default; False: plain mean).
 
@@ -50,7 +54,7 @@ class FedKT(Strategy):
     uses_public_data = True
 
     def __init__(self, partitions: int = 2, teachers: int = 5, student_epochs: int = 100, final_epochs: int = 100,
-                 final_lr: float = 1e-3, final_batch_size: int = 64, consistent_voting: bool = True,
+                 final_lr: float = 1e-3, final_batch_size: int = 64, consistent_voting: bool = False,
                  mu: float = 0.0, weighted: bool = True) -> None:
         self.party = KnowledgeTransferConfig(partitions, teachers, student_epochs)
         self.final = DistillationConfig(final_epochs, final_lr, final_batch_size)

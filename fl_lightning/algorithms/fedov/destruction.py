@@ -5,21 +5,25 @@ DESTRUCTION_OPS. They keep the low-level statistics of real data (colours, textu
 the global structure that identifies a class, so a classifier that learns to put them in an extra
 "unknown" class learns to tell its known classes from anything else.
 
-Everything is batched and reproducible on any device: per-image random parameters are drawn on the
-CPU from the caller's torch.Generator and moved to x.device; each op is then a gather with a
+Randomness is data: ``draw_destruction`` draws, on the CPU from the caller's torch.Generator, which
+operation each image gets and that operation's parameters (ARGS numbers per image); ``apply_destruction``
+then destroys a batch from those tensors with fixed shapes and no host work — every operation on every
+image, the chosen one kept with ``torch.where`` — so the same draws give the same outliers in a client's
+own fit, in the vectorised cohort and inside a captured CUDA graph. Each operation is a gather with a
 per-image pixel index map, a mask, a grouped convolution or a grid_sample.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 DESTRUCTION_OPS = ("copy_paste", "swap", "rotate", "erase", "blur", "resized_crop")
+ARGS = 4  # parameters per image, the most any operation needs (its layout: each op's draw)
 _TAPS = 9  # longest blur kernel; shorter ones are zero-padded to it
 
 
@@ -33,6 +37,15 @@ def _randint(n: int, high: int | Tensor, generator: torch.Generator) -> Tensor:
     return (_rand(n, generator) * high).long()
 
 
+def _columns(*values: Tensor) -> Tensor:
+    """(n, ARGS) float64: the given per-image values, zeros after them."""
+    n = len(values[0])
+    out = torch.zeros(n, ARGS, dtype=torch.float64)
+    for j, v in enumerate(values):
+        out[:, j] = v.to(torch.float64)
+    return out
+
+
 def _gather(x: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
     """out[b, :, i, j] = x[b, :, rows[b, i, j], cols[b, i, j]] (maps broadcast to (B, H, W))."""
     B, C, H, W = x.shape
@@ -40,52 +53,82 @@ def _gather(x: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
     return x.reshape(B, C, H * W).gather(2, idx).view(B, C, H, W)
 
 
-def _along_random_axis(x: Tensor, generator: torch.Generator, source: Callable[..., Tensor]) -> Tensor:
-    """Remap the rows or (prob 1/2 per image) the columns; source(size, n, generator, device) -> (n, size)."""
-    B, _, H, W = x.shape
-    on_rows = (_rand(B, generator) < 0.5).to(x.device)[:, None]
-    rows = torch.where(on_rows, source(H, B, generator, x.device), torch.arange(H, device=x.device))
-    cols = torch.where(on_rows, torch.arange(W, device=x.device), source(W, B, generator, x.device))
+def _remap_one_axis(x: Tensor, on_rows: Tensor, row_source: Tensor, col_source: Tensor) -> Tensor:
+    """Rows remapped by ``row_source`` (B, H) where ``on_rows``, else columns by ``col_source`` (B, W)."""
+    _, _, H, W = x.shape
+    on_rows = on_rows[:, None]
+    rows = torch.where(on_rows, row_source, torch.arange(H, device=x.device))
+    cols = torch.where(on_rows, torch.arange(W, device=x.device), col_source)
     return _gather(x, rows[:, :, None], cols[:, None, :])
 
 
-def _paste_source(size: int, n: int, generator: torch.Generator, device: torch.device) -> Tensor:
+# ---- copy_paste -------------------------------------------------------------------------------
+
+def _paste_pairs(size: int, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """(source, destination) starts of a pasted half, uniform over the pairs at least a quarter apart.
+    The reference re-draws (s, d) until |s - d| >= half / 2; a uniform valid pair is the same law
+    (drawing d given s would not be: for odd half some s have no valid d)."""
     half = size // 2
     s, d = torch.meshgrid(torch.arange(half), torch.arange(half), indexing="ij")
-    # The reference re-draws (s, d) until |s - d| >= half / 2; a uniform valid pair is the same law
-    # (drawing d given s would not be: for odd half some s have no valid d).
     valid = 2 * (s - d).abs() >= half
     pairs = torch.stack([s[valid], d[valid]], 1)
-    s, d = pairs[_randint(n, len(pairs), generator)].to(device)[:, :, None].unbind(1)
-    i = torch.arange(size, device=device)
+    return pairs[_randint(n, len(pairs), generator)].unbind(1)
+
+
+def _draw_copy_paste(n: int, H: int, W: int, generator: torch.Generator) -> Tensor:
+    on_rows = _rand(n, generator) < 0.5
+    (rs, rd), (cs, cd) = _paste_pairs(H, n, generator), _paste_pairs(W, n, generator)
+    return _columns(on_rows, torch.where(on_rows, rs, cs), torch.where(on_rows, rd, cd))
+
+
+def _paste_source(size: int, s: Tensor, d: Tensor) -> Tensor:
+    half, i = size // 2, torch.arange(size, device=s.device)
+    s, d = s[:, None], d[:, None]
     return torch.where((i >= d) & (i < d + half), i - d + s, i)
 
 
-def _swap_source(size: int, n: int, generator: torch.Generator, device: torch.device) -> Tensor:
+def _apply_copy_paste(x: Tensor, args: Tensor) -> Tensor:
+    """Paste half of the image (rows or columns) over another place at least a quarter away:
+    the image now shows a part twice and misses another, breaking its global layout."""
+    _, _, H, W = x.shape
+    on_rows, s, d = args[:, 0] > 0.5, args[:, 1].long(), args[:, 2].long()
+    return _remap_one_axis(x, on_rows, _paste_source(H, s, d), _paste_source(W, s, d))
+
+
+# ---- swap -------------------------------------------------------------------------------------
+
+def _draw_swap(n: int, H: int, W: int, generator: torch.Generator) -> Tensor:
+    return _columns(_rand(n, generator) < 0.5)
+
+
+def _swap_source(size: int, n: int, device: torch.device) -> Tensor:
     half, i = size // 2, torch.arange(size, device=device)
     # First and last `half` exchanged; an odd size keeps its middle line in place.
     return torch.where(i < half, i + size - half, torch.where(i >= size - half, i - (size - half), i)).expand(n, size)
 
 
-def copy_paste(x: Tensor, generator: torch.Generator) -> Tensor:
-    """Paste half of the image (rows or columns) over another place at least a quarter away:
-    the image now shows a part twice and misses another, breaking its global layout."""
-    return _along_random_axis(x, generator, _paste_source)
-
-
-def swap(x: Tensor, generator: torch.Generator) -> Tensor:
+def _apply_swap(x: Tensor, args: Tensor) -> Tensor:
     """Exchange the left and right (or upper and lower) halves: every part survives, but the
     object is split at the border and its parts are in the wrong places."""
-    return _along_random_axis(x, generator, _swap_source)
+    B, _, H, W = x.shape
+    return _remap_one_axis(x, args[:, 0] > 0.5, _swap_source(H, B, x.device), _swap_source(W, B, x.device))
 
 
-def rotate(x: Tensor, generator: torch.Generator) -> Tensor:
+# ---- rotate -----------------------------------------------------------------------------------
+
+def _draw_rotate(n: int, H: int, W: int, generator: torch.Generator) -> Tensor:
+    side = min(H, W) // 2
+    p = _randint(n, H - side + 1, generator)
+    k = 1 + _randint(n, 3, generator)
+    return _columns(p, k)
+
+
+def _apply_rotate(x: Tensor, args: Tensor) -> Tensor:
     """Rotate two squares of side min(H, W)//2 at a random row offset, one at each side, by the
     same k*90 degrees (k in {1, 2, 3}): local parts keep their texture but lose their orientation."""
-    B, _, H, W = x.shape
+    _, _, H, W = x.shape
     n = min(H, W) // 2
-    p = _randint(B, H - n + 1, generator).to(x.device)[:, None, None]
-    k = (1 + _randint(B, 3, generator)).to(x.device)[:, None, None]
+    p, k = (args[:, j].long()[:, None, None] for j in (0, 1))
     i, j = torch.arange(H, device=x.device)[:, None], torch.arange(W, device=x.device)
     right = j >= W - n
     u, v, last = i - p, torch.where(right, j - (W - n), j), n - 1  # coordinates inside a square
@@ -98,6 +141,8 @@ def rotate(x: Tensor, generator: torch.Generator) -> Tensor:
     return _gather(x, rows, cols)
 
 
+# ---- erase ------------------------------------------------------------------------------------
+
 def _box_sides(n: int, H: int, W: int, scale: tuple[float, float], ratio: tuple[float, float],
                generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """(h, w) with h * w = U(scale) * H * W and h / w = exp(U(log ratio)), float64 on the CPU.
@@ -108,19 +153,25 @@ def _box_sides(n: int, H: int, W: int, scale: tuple[float, float], ratio: tuple[
     return (area * r).sqrt(), (area / r).sqrt()
 
 
-def erase(x: Tensor, generator: torch.Generator) -> Tensor:
+def _draw_erase(n: int, H: int, W: int, generator: torch.Generator) -> Tensor:
+    h, w = _box_sides(n, H, W, (0.33, 0.5), (0.3, 3.3), generator)
+    h, w = h.round().long().clamp(1, H), w.round().long().clamp(1, W)
+    top, left = _randint(n, H - h + 1, generator), _randint(n, W - w + 1, generator)
+    return _columns(top, left, h, w)
+
+
+def _apply_erase(x: Tensor, args: Tensor) -> Tensor:
     """Zero a box of 33-50% of the image (torchvision RandomErasing(p=1, scale=(0.33, 0.5),
     ratio=(0.3, 3.3), value=0), but a box that would not fit gets its aspect ratio clamped instead
     of re-drawn): a large part of the object is simply gone."""
-    B, _, H, W = x.shape
-    h, w = _box_sides(B, H, W, (0.33, 0.5), (0.3, 3.3), generator)
-    h, w = h.round().long().clamp(1, H), w.round().long().clamp(1, W)
-    top, left = _randint(B, H - h + 1, generator), _randint(B, W - w + 1, generator)
-    top, left, h, w = (t.to(x.device)[:, None, None] for t in (top, left, h, w))
+    _, _, H, W = x.shape
+    top, left, h, w = (args[:, j].long()[:, None, None] for j in range(4))
     i, j = torch.arange(H, device=x.device)[:, None], torch.arange(W, device=x.device)
     box = (i >= top) & (i < top + h) & (j >= left) & (j < left + w)
     return x.masked_fill(box[:, None], 0)
 
+
+# ---- blur -------------------------------------------------------------------------------------
 
 def _gaussian_blur(x: Tensor, kh: Tensor, kw: Tensor, sigma: Tensor) -> Tensor:
     """Image b blurred by a (kh[b], kw[b]) Gaussian of std sigma[b], as torchvision's gaussian_blur."""
@@ -138,53 +189,121 @@ def _gaussian_blur(x: Tensor, kh: Tensor, kw: Tensor, sigma: Tensor) -> Tensor:
     return y.view(B, C, H, W)
 
 
-def blur(x: Tensor, generator: torch.Generator) -> Tensor:
+def _draw_blur(n: int, H: int, W: int, generator: torch.Generator) -> Tensor:
+    big, small = 3 + 2 * _randint(n, 4, generator), 1 + 2 * _randint(n, 3, generator)
+    tall = _rand(n, generator) < 0.5
+    sigma = _rand(n, generator, 10.0, 100.0)
+    return _columns(torch.where(tall, big, small), torch.where(tall, small, big), sigma)
+
+
+def _apply_blur(x: Tensor, args: Tensor) -> Tensor:
     """Gaussian blur with sigma ~ U(10, 100) and a kernel of 3-9 taps along one axis and 1-5 along
     the other: with such a sigma it is a box filter that smears the edges and fine detail."""
-    B = x.shape[0]
-    big, small = 3 + 2 * _randint(B, 4, generator), 1 + 2 * _randint(B, 3, generator)
-    tall = _rand(B, generator) < 0.5
-    sigma = _rand(B, generator, 10.0, 100.0)
-    kh, kw = torch.where(tall, big, small), torch.where(tall, small, big)
-    return _gaussian_blur(x, kh.to(x.device), kw.to(x.device), sigma.to(x.device, x.dtype))
+    return _gaussian_blur(x, args[:, 0], args[:, 1], args[:, 2].to(x.dtype))
 
 
-def resized_crop(x: Tensor, generator: torch.Generator) -> Tensor:
+# ---- resized_crop -----------------------------------------------------------------------------
+
+def _draw_resized_crop(n: int, H: int, W: int, generator: torch.Generator) -> Tensor:
+    h, w = _box_sides(n, H, W, (0.1, 0.33), (3 / 4, 4 / 3), generator)  # range is its own inverse
+    top, left = _rand(n, generator) * (H - h), _rand(n, generator) * (W - w)
+    # the crop as affine_grid's theta: x scale, x shift, y scale, y shift
+    return _columns(w / W, (2 * left + w) / W - 1, h / H, (2 * top + h) / H - 1)
+
+
+def _apply_resized_crop(x: Tensor, args: Tensor) -> Tensor:
     """Crop 10-33% of the image (ratio 3/4-4/3) and resize it back to (H, W) bilinearly, as
     torchvision RandomResizedCrop but with a real-valued box: only a fragment of the object remains."""
-    B, C, H, W = x.shape
-    h, w = _box_sides(B, H, W, (0.1, 0.33), (3 / 4, 4 / 3), generator)  # range is its own inverse
-    top, left = _rand(B, generator) * (H - h), _rand(B, generator) * (W - w)
-    theta = torch.zeros(B, 2, 3, dtype=torch.float64)
-    theta[:, 0, 0], theta[:, 0, 2] = w / W, (2 * left + w) / W - 1
-    theta[:, 1, 1], theta[:, 1, 2] = h / H, (2 * top + h) / H - 1
-    grid = F.affine_grid(theta.to(x.device, x.dtype), [B, C, H, W], align_corners=False)
+    _, _, H, W = x.shape
+    scale_x, shift_x, scale_y, shift_y = (args[:, j].to(x.dtype)[:, None, None] for j in range(4))
+    # F.affine_grid's sampling grid for this axis-aligned theta, written out: its batching rule
+    # under vmap is a per-member loop. Pixel centres in [-1, 1] (align_corners=False), as its base grid.
+    cols = torch.linspace(-1, 1, W, device=x.device, dtype=x.dtype) * (W - 1) / W
+    rows = torch.linspace(-1, 1, H, device=x.device, dtype=x.dtype) * (H - 1) / H
+    grid = torch.stack(torch.broadcast_tensors(scale_x * cols + shift_x, scale_y * rows[:, None] + shift_y), -1)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
-_OPS: dict[str, Callable[[Tensor, torch.Generator], Tensor]] = {
-    "copy_paste": copy_paste, "swap": swap, "rotate": rotate,
-    "erase": erase, "blur": blur, "resized_crop": resized_crop,
+class _Op(NamedTuple):
+    draw: Callable[[int, int, int, torch.Generator], Tensor]  # (n, H, W, generator) -> (n, ARGS) float64
+    apply: Callable[[Tensor, Tensor], Tensor]  # (x, args) -> destroyed x
+    neutral: tuple[float, ...]  # args that are valid for any image (a well-defined result, discarded)
+
+
+_OPS: dict[str, _Op] = {
+    "copy_paste": _Op(_draw_copy_paste, _apply_copy_paste, (0, 0, 0, 0)),
+    "swap": _Op(_draw_swap, _apply_swap, (0, 0, 0, 0)),
+    "rotate": _Op(_draw_rotate, _apply_rotate, (0, 1, 0, 0)),
+    "erase": _Op(_draw_erase, _apply_erase, (0, 0, 0, 0)),
+    "blur": _Op(_draw_blur, _apply_blur, (1, 1, 1, 0)),
+    "resized_crop": _Op(_draw_resized_crop, _apply_resized_crop, (1, 0, 1, 0)),
 }
 
 
-def _choose_ops(n: int, num_ops: int, generator: torch.Generator) -> Tensor:
-    """Index into `ops` of the operation for each of n images (CPU)."""
-    return _randint(n, num_ops, generator)
+def check_ops(ops: Sequence[str]) -> None:
+    bad = [name for name in ops if name not in _OPS]
+    if bad or not ops:
+        raise ValueError(f"unknown destruction op(s) {bad or '(none given)'}; valid ops: {DESTRUCTION_OPS}")
+
+
+def distinct_ops(ops: Sequence[str]) -> tuple[str, ...]:
+    """``ops`` without repeats, in order: what ``apply_destruction`` computes (a pool that lists an
+    operation twice, as the FedOV authors' code does, only draws it twice as often)."""
+    return tuple(dict.fromkeys(ops))
+
+
+def draw_destruction(n: int, H: int, W: int, generator: torch.Generator,
+                     ops: Sequence[str] = DESTRUCTION_OPS) -> tuple[Tensor, Tensor]:
+    """The random part of destroying n images of H x W: (op, args), op (n,) long indexing
+    ``distinct_ops(ops)``, args (n, ARGS) float64, drawn on the CPU from ``generator``: first the
+    operation of each image uniformly from ``ops``, then each operation's parameters for the images
+    that got it, operation by operation in the order of ``ops``."""
+    check_ops(ops)
+    names = distinct_ops(ops)
+    op = torch.zeros(n, dtype=torch.long)
+    args = torch.zeros(n, ARGS, dtype=torch.float64)
+    if len(ops) == 1:  # nothing to choose, so destroy(x, g, (op,)) == op(x, g)
+        args[:] = _OPS[ops[0]].draw(n, H, W, generator)
+        return op, args
+    choice = _randint(n, len(ops), generator)
+    for k, name in enumerate(ops):
+        picked = (choice == k).nonzero().squeeze(1)
+        if len(picked):
+            op[picked] = names.index(name)
+            args[picked] = _OPS[name].draw(len(picked), H, W, generator)
+    return op, args
+
+
+def apply_destruction(x: Tensor, op: Tensor, args: Tensor, ops: Sequence[str] = DESTRUCTION_OPS) -> Tensor:
+    """x (B, C, H, W) destroyed by the drawn ``op`` (B,) and ``args`` (B, ARGS) (on x's device):
+    every distinct operation of ``ops`` runs on every image (fixed shapes, no host sync), each image
+    keeps its own; an image's result does not depend on the other images of the batch."""
+    out = x
+    for k, name in enumerate(distinct_ops(ops)):
+        own = op == k
+        # filled on the device (no host-to-device copy, which a CUDA graph capture refuses)
+        neutral = torch.stack([torch.full((), float(v), dtype=args.dtype, device=args.device)
+                               for v in _OPS[name].neutral])
+        made = _OPS[name].apply(x, torch.where(own[:, None], args, neutral))
+        out = torch.where(own[:, None, None, None], made, out)
+    return out
 
 
 def destroy(x: Tensor, generator: torch.Generator, ops: Sequence[str] = DESTRUCTION_OPS) -> Tensor:
     """One operation drawn uniformly from `ops` for each image (x: (B, C, H, W), H, W >= 8)."""
-    bad = [name for name in ops if name not in _OPS]
-    if bad or not ops:
-        raise ValueError(f"unknown destruction op(s) {bad or '(none given)'}; valid ops: {DESTRUCTION_OPS}")
-    if len(ops) == 1:  # nothing to choose, so destroy(x, g, (op,)) == op(x, g)
-        return _OPS[ops[0]](x, generator)
-    choice = _choose_ops(x.shape[0], len(ops), generator)
-    out = torch.empty_like(x)
-    for k, name in enumerate(ops):
-        picked = (choice == k).nonzero().squeeze(1)
-        if len(picked):  # decided on the CPU, so no device sync
-            idx = picked.to(x.device)
-            out[idx] = _OPS[name](x[idx], generator)
-    return out
+    B, _, H, W = x.shape
+    op, args = draw_destruction(B, H, W, generator, ops)
+    return apply_destruction(x, op.to(x.device), args.to(x.device, x.dtype), ops)
+
+
+def _single(name: str) -> Callable[[Tensor, torch.Generator], Tensor]:
+    def destroy_with(x: Tensor, generator: torch.Generator) -> Tensor:
+        B, _, H, W = x.shape
+        return _OPS[name].apply(x, _OPS[name].draw(B, H, W, generator).to(x.device, x.dtype))
+
+    destroy_with.__name__ = name
+    destroy_with.__doc__ = _OPS[name].apply.__doc__
+    return destroy_with
+
+
+copy_paste, swap, rotate, erase, blur, resized_crop = (_single(name) for name in DESTRUCTION_OPS)

@@ -1,74 +1,28 @@
-"""FedOV's local open-set classifier (ICLR 2023, Section 3 and Algorithm 1, lines 2-8).
+"""FedOV's local open-set classifier (ICLR 2023, Section 3 and Algorithm 1, lines 2-8): the
+LightningModule a client trains, and its client plug-in.
 
-n + 1 outputs: the n classes of the data set and "unknown" (index n). The local loss is
-
-    L = CE(f(x), y)                                  real data
-      + beta  * CE(f(x) without y, unknown)          PROSER's dummy classifier (Eq. 1)
-      + gamma * CE(post(lam*pre(x_i) + (1-lam)*pre(x_j)), unknown)   PROSER's manifold mixup
-      + w_dd  * CE(f(DataDestruction(x)), unknown)   Section 3.4
-      + w_aoe * CE(f(FGSM(f, DataDestruction(x))), unknown)           Section 3.5
-
-The outliers of a batch are made by the Lightning callbacks this module configures
-(``callbacks.outliers``) and handed over through ``self.outliers``.
+The loss is objective.py's ``open_set_objective``, called on the module's own parameters; each
+step's random draws (destruction operations, mixup pairs and lambda) come from the client's own
+generators through the ``callbacks.outliers.OutlierDraws`` callback, the same draws the cohort
+engine reads (open_set_cohort.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fl_lightning.algorithms.fedov.objective import OpenSetLoss, open_set_objective, open_set_terms
 from fl_lightning.config import OptimizerConfig
+from fl_lightning.functional import functional_forward
 from fl_lightning.messages import ClientResult, ClientTask, task_settings
 from fl_lightning.modules.learner import LocalLearner
-from fl_lightning.algorithms.fedov.destruction import DESTRUCTION_OPS
 from fl_lightning.plugins import ClientPlugin, register_client_plugin
 
-
-@dataclass(frozen=True)
-class OpenSetLoss:
-    """Weights and settings of the local open-set loss. Defaults: FedOV's paper (Appendix B.1).
-
-    Attributes:
-        dummy_weight: beta, PROSER's dummy-classifier term (paper: 0.01).
-        mixup_weight: gamma, PROSER's embedding-mixup term (paper: 1).
-        mixup_alpha: lambda ~ Beta(alpha, alpha) (the reference code: Beta(1, 1)).
-        destruction_weight: the data-destruction outliers' term (0 turns it off; the outliers
-            are still made when ``adversarial_weight`` needs them, as in the paper's Table 9).
-        adversarial_weight: the FGSM-enhanced outliers' term (0: no enhancement at all).
-        fgsm_steps, fgsm_step_size: FGSM iterations and step (paper: 5 and 0.002).
-        destruction_ops: the operations one of which is drawn per outlier.
-        pixel_mean, pixel_std: the inputs' standardisation x = (pixel - mean) / std. With
-            them, outliers are made and FGSM steps taken on [0, 1] pixels, as in the paper
-            and its code: erased boxes are black and a step moves a pixel by 0.002.
-            Empty: both act on the inputs as given.
-    """
-
-    dummy_weight: float = 0.01
-    mixup_weight: float = 1.0
-    mixup_alpha: float = 1.0
-    destruction_weight: float = 1.0
-    adversarial_weight: float = 1.0
-    fgsm_steps: int = 5
-    fgsm_step_size: float = 0.002
-    destruction_ops: tuple[str, ...] = DESTRUCTION_OPS
-    pixel_mean: tuple[float, ...] = ()
-    pixel_std: tuple[float, ...] = ()
-
-    def __post_init__(self) -> None:
-        if len(self.pixel_mean) != len(self.pixel_std) or any(s <= 0 for s in self.pixel_std):
-            raise ValueError(f"pixel_mean {self.pixel_mean} and pixel_std {self.pixel_std} must have one entry "
-                             "per channel, std > 0 (or both be empty)")
-
-    def weights(self) -> dict[str, float]:
-        return {"ce": 1.0, "dummy": self.dummy_weight, "mixup": self.mixup_weight,
-                "destroyed": self.destruction_weight, "enhanced": self.adversarial_weight}
-
-    @property
-    def needs_destruction(self) -> bool:
-        return self.destruction_weight > 0 or self.adversarial_weight > 0
+__all__ = ["OpenSetClient", "OpenSetDetector", "OpenSetLoss", "open_set_task", "task_loss"]
 
 
 class OpenSetDetector(LocalLearner):
@@ -83,59 +37,28 @@ class OpenSetDetector(LocalLearner):
         self.network = network.to(memory_format=torch.channels_last)
         self.unknown = num_classes  # the extra, last output
         self.loss = loss
-        self.outliers: dict[str, Tensor] = {}
-
-    def configure_callbacks(self):
-        from callbacks.outliers import AdversarialOutlierEnhancement, DataDestruction
-
-        made = []
-        if self.loss.needs_destruction:
-            made.append(DataDestruction(self.loss.destruction_ops, self.loss.pixel_mean, self.loss.pixel_std))
-        if self.loss.adversarial_weight > 0:
-            made.append(AdversarialOutlierEnhancement(self.loss.fgsm_steps, self.loss.fgsm_step_size,
-                                                      self.loss.pixel_std))
-        return made
+        self.functional = functional_forward(self.network)
+        #: this step's random draws (OpenSetDraws.take), handed over by callbacks.outliers.OutlierDraws
+        self.step_draws: Optional[dict[str, Tensor]] = None
 
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
 
-    def loss_terms(self, x: Tensor, y: Tensor, skip: frozenset = frozenset()) -> dict[str, Tensor]:
-        """The unweighted terms of L; outliers from ``self.outliers``. One forward pass for
-        the real data and every outlier set: without batch norm, concatenating changes nothing."""
-        kinds = [k for k in ("destroyed", "enhanced") if k in self.outliers and k not in skip]
-        parts = [x] + [self.outliers[k] for k in kinds]
-        features = self.network.features(torch.cat(parts))
-        logits = self.network.head(features).float()
-        chunks = logits.split([len(p) for p in parts])
-        real = chunks[0]
-        unknown = torch.full_like(y, self.unknown)
-        terms = {"ce": F.cross_entropy(real, y)}
-        if "dummy" not in skip:
-            # Without its true class, "unknown" must be the runner-up.
-            without_true = real.masked_fill(F.one_hot(y, real.shape[1]).bool(), float("-inf"))
-            terms["dummy"] = F.cross_entropy(without_true, unknown)
-        for kind, out in zip(kinds, chunks[1:]):
-            terms[kind] = F.cross_entropy(out, unknown[: len(out)])
-        if "mixup" not in skip:
-            # Embeddings of pairs from different classes, interpolated, are "unknown"; pairs
-            # of one class are skipped (the reference code's ignore_index).
-            # drawn on the CPU on any device: the same pairs on a GPU, and in the cohort engine
-            pair = torch.randperm(len(y)).to(y.device)
-            different = y != y[pair]
-            lam = torch.distributions.Beta(self.loss.mixup_alpha, self.loss.mixup_alpha).sample().item()
-            if bool(different.any()):
-                real_features = features[: len(y)]
-                mixed = lam * real_features[different] + (1 - lam) * real_features[pair][different]
-                terms["mixup"] = F.cross_entropy(self.network.head(mixed).float(), unknown[different])
-        return terms
+    def _objective_args(self, x: Tensor, y: Tensor, draws: dict[str, Tensor]) -> tuple:
+        return (self.functional, dict(self.network.named_parameters()), x, y,
+                torch.ones(len(y), device=x.device), draws, self.loss, self.unknown)
+
+    def loss_terms(self, x: Tensor, y: Tensor, draws: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The unweighted terms of the loss on one batch with the given draws."""
+        return open_set_terms(*self._objective_args(x, y, draws))
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        weights = self.loss.weights()
-        skip = frozenset(name for name, w in weights.items() if w == 0)
-        terms = self.loss_terms(x, y, skip)
-        self.outliers = {}
-        return sum(weights[name] * term for name, term in terms.items())
+        draws, self.step_draws = self.step_draws, None  # each step's draws are used once
+        if draws is None:
+            raise RuntimeError("OpenSetDetector needs each step's random draws: train it with the "
+                               "callbacks.outliers.OutlierDraws callback (OpenSetClient adds it)")
+        return open_set_objective(*self._objective_args(x, y, draws))
 
     def flat_state(self) -> dict[str, Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.network.state_dict().items()}
@@ -160,6 +83,11 @@ class OpenSetClient(ClientPlugin):
 
         return OpenSetDetector(client_network(ctx, task), task.settings["num_classes"], task.optimizer,
                                task_loss(task))
+
+    def fit_callbacks(self, ctx, task, seed):
+        from fl_lightning.callbacks.outliers import OutlierDraws
+
+        return [OutlierDraws(task_loss(task), seed, tuple(ctx.x.shape[-2:]))]
 
     def result(self, task, module, num_samples, steps, loss, client_state):
         return ClientResult(task.client_id, module.flat_state(), num_samples, task.classes, loss, steps)

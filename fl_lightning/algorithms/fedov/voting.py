@@ -26,6 +26,15 @@ from fl_lightning.strategy import ClientResult, ClientTask, State, Strategy, mod
 VOTERS = "voters"
 STUDENT = "student."
 
+# The authors' destruction pool (FedOV's experiments.py, ``aug_crop``): one of seven transforms drawn
+# uniformly per image, RandomResizedCrop, blur, RandomErasing, cut, rot, cut, rot. Their ``cut`` pastes
+# half the image over another place (4 of its 6 cases: our copy_paste) or swaps the halves (2 of 6:
+# our swap); ``rot`` is our rotate. destroy() draws uniformly over a tuple, so this one, with each op
+# repeated in proportion, gives their law: resized_crop, blur, erase 3/21 each, rotate 6/21,
+# copy_paste 4/21, swap 2/21. The paper's text lists the six operations once each (DESTRUCTION_OPS).
+CODE_DESTRUCTION_OPS: tuple[str, ...] = (("resized_crop",) * 3 + ("blur",) * 3 + ("erase",) * 3 + ("rotate",) * 6
+                                         + ("copy_paste",) * 4 + ("swap",) * 2)
+
 
 def close_set_vote(probs: Tensor) -> Tensor:
     """probs (N, B, n): the sum of the N models' class probabilities (B, n)."""
@@ -151,15 +160,29 @@ class FedOV(_Ensemble):
     PROSER, data destruction and adversarial outlier enhancement; the server votes with
     the known-class probabilities (open-set voting).
 
+    Defaults follow the rule in docs/reproduction_readings.md: where the paper defers to its code
+    or is silent, the authors' code. Two settings have a second, named reading:
+
+    - PROSER's weights. Appendix B.1 takes "the default trade-off parameter setting in the
+      official code" but prints beta = 0.01, gamma = 1; PROSER's official code and FedOV's code
+      weight the dummy term 1 and the mixup term 0.01 (``reading: code``, the default). The
+      printed numbers are ``reading: text``: ``dummy_weight: 0.01, mixup_weight: 1.0``.
+    - The destruction pool. The code draws from CODE_DESTRUCTION_OPS (cut and rotation listed
+      twice, the default); the text lists six operations, ``reading: text``:
+      ``destruction_ops: [copy_paste, swap, rotate, erase, blur, resized_crop]``.
+
+    The third setting of the code reading, raw [0, 1] pixels, is the data's ``standardize: false``.
+
     Args:
-        dummy_weight: PROSER's beta (paper 0.01).
-        mixup_weight: PROSER's gamma (paper 1).
+        dummy_weight: PROSER's dummy-classifier term (code: 1; the paper prints beta = 0.01).
+        mixup_weight: PROSER's embedding-mixup term (code: 0.01; the paper prints gamma = 1).
         mixup_alpha: lambda ~ Beta(alpha, alpha).
         destruction_weight: weight of the data-destruction outliers' loss (0: off).
         adversarial_weight: weight of the FGSM-enhanced outliers' loss (0: no enhancement).
         fgsm_steps: FGSM iterations (paper 5).
         fgsm_step_size: FGSM step (paper 0.002).
-        destruction_ops: which of the six destruction operations to draw from.
+        destruction_ops: the operations one of which is drawn uniformly per outlier; repeats
+            weight an operation (the default is the authors' law, CODE_DESTRUCTION_OPS).
         top_k: only the k members least sure a sample is unknown vote (None: all). Every
             k = 1..N is also reported as ``topk_accuracy/k``.
         distill: Distilled FedOV: also train a student on the public half of the test set
@@ -170,15 +193,17 @@ class FedOV(_Ensemble):
     name = "fedov"
     kind = "open_set"
 
-    def __init__(self, dummy_weight: float = 0.01, mixup_weight: float = 1.0, mixup_alpha: float = 1.0,
+    def __init__(self, dummy_weight: float = 1.0, mixup_weight: float = 0.01, mixup_alpha: float = 1.0,
                  destruction_weight: float = 1.0, adversarial_weight: float = 1.0, fgsm_steps: int = 5,
-                 fgsm_step_size: float = 0.002, destruction_ops: tuple[str, ...] = DESTRUCTION_OPS,
+                 fgsm_step_size: float = 0.002, destruction_ops: tuple[str, ...] = CODE_DESTRUCTION_OPS,
                  top_k: Optional[int] = None, distill: bool = False, distill_epochs: int = 100,
                  distill_lr: float = 1e-3, distill_batch_size: int = 64) -> None:
         super().__init__(distill, distill_epochs, distill_lr, distill_batch_size)
         unknown_ops = set(destruction_ops) - set(DESTRUCTION_OPS)
-        if unknown_ops:
-            raise ValueError(f"algorithm.destruction_ops: unknown {sorted(unknown_ops)}; choose from {DESTRUCTION_OPS}")
+        if unknown_ops or not destruction_ops:
+            what = f"unknown {sorted(unknown_ops)}" if unknown_ops else "is empty"
+            raise ValueError(f"algorithm.destruction_ops {what}; choose from {DESTRUCTION_OPS} "
+                             "(repeats weight an operation)")
         if top_k is not None and top_k < 1:
             raise ValueError(f"algorithm.top_k={top_k} must be >= 1 (or null for all voters)")
         self.dummy_weight, self.mixup_weight, self.mixup_alpha = dummy_weight, mixup_weight, mixup_alpha

@@ -8,12 +8,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fl_lightning.cohort.members import CohortPlugin, Member, weighted_mean
+from fl_lightning.cohort.members import CohortPlugin, Member
 from fl_lightning.config import OptimizerConfig
+from fl_lightning.functional import Forward, weighted_mean
 from fl_lightning.modules.learner import LocalLearner
 from fl_lightning.modules.stacking import StackedModel
 from fl_lightning.messages import ClientResult, ClientTask, task_settings
 from fl_lightning.plugins import ClientPlugin, register_client_plugin
+
+
+def detector_objective(forward: Forward, params: dict[str, Tensor], consts: dict[str, Tensor], x: Tensor, y: Tensor,
+                       weight: Tensor) -> Tensor:
+    """FedOVA's local loss (Eq. 2), written once for both engines: binary cross-entropy of a
+    detector's logit on y == its class (``consts["target"]``), averaged over the batch's real
+    samples. A vector of G classes with a ``forward`` giving G detectors' logits (G, B) (the
+    per-client module's stacked detectors) gives the sum of their losses: each detector still
+    receives exactly its own gradient."""
+    logits = forward(params, x).squeeze(-1).float()  # (B,) or (G, B)
+    targets = (y == consts["target"].unsqueeze(-1)).float()
+    return weighted_mean(F.binary_cross_entropy_with_logits(logits, targets, reduction="none"), weight)
 
 
 class BinaryDetector(LocalLearner):
@@ -52,11 +65,11 @@ class BinaryDetector(LocalLearner):
         return self.objective(x, y)
 
     def objective(self, x: Tensor, y: Tensor) -> Tensor:
-        """The sum of the detectors' mean binary cross-entropies."""
-        logits = self(x)
-        targets = (y.unsqueeze(0) == self.classes.unsqueeze(1)).to(logits.dtype)
-        per_detector = F.binary_cross_entropy_with_logits(logits.float(), targets.float(), reduction="none").mean(dim=1)
-        return per_detector.sum()
+        """The sum of the detectors' own losses: ``detector_objective`` on this module's stacked
+        detectors (their parameters are the module's own, so the module is called directly:
+        functional_call would only swap in the same tensors)."""
+        return detector_objective(lambda params, inputs: self(inputs), dict(self.detectors.named_parameters()),
+                                  {"target": self.classes}, x, y, torch.ones(len(y), device=x.device))
 
     def configure_optimizers(self):
         if self.automatic_optimization:
@@ -113,8 +126,9 @@ class DetectorClient(ClientPlugin):
 
 class DetectorCohort(CohortPlugin):
     """FedOVA's client in the cohort engine: each of the client's detectors is one member
-    (its class is the member's constant), all drawing the client's batches; the client's
-    loss is the sum of its detectors' losses, as ``BinaryDetector.training_step`` reports."""
+    (its class is the member's constant) trained by ``detector_objective``, all drawing the
+    client's batches; the client's loss is the sum of its detectors' losses, as
+    ``BinaryDetector.training_step`` reports."""
 
     def stack_key(self, task):
         return "stacked detectors"
@@ -127,9 +141,7 @@ class DetectorCohort(CohortPlugin):
                 for g, c in enumerate(task.classes)]
 
     def loss(self, forward, params, consts, x, y, weight):
-        logits = forward(params, x).squeeze(-1).float()
-        targets = (y == consts["target"]).float()
-        return weighted_mean(F.binary_cross_entropy_with_logits(logits, targets, reduction="none"), weight)
+        return detector_objective(forward, params, consts, x, y, weight)
 
     def result(self, task, params, losses, steps, num_samples, client_state):
         stacked = {name: torch.stack([p[name] for p in params]) for name in params[0]}

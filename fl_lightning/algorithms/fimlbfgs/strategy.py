@@ -48,7 +48,8 @@ class _FIMLBFGSUpdate(Strategy):
     one_vs_all = False
 
     def __init__(self, step_size: float = 1e-3, damping: float = 1e-3, history: int = 10,
-                 max_step_norm: float = 0.0, curvature_eps: float = CURVATURE_EPS) -> None:
+                 max_step_norm: float = 0.0, curvature_eps: float = CURVATURE_EPS,
+                 train_accuracy_samples: int = 10_000) -> None:
         super().__init__(weighted=False)  # FedAvg's/FedOVA's averaging is not used
         if step_size <= 0:
             raise ValueError(f"algorithm.step_size={step_size} must be > 0")
@@ -58,6 +59,17 @@ class _FIMLBFGSUpdate(Strategy):
             raise ValueError(f"algorithm.history={history} must be >= 1")
         self.step_size, self.damping, self.history = step_size, damping, history
         self.max_step_norm, self.curvature_eps = max_step_norm, curvature_eps
+        if train_accuracy_samples < 0:
+            raise ValueError(f"algorithm.train_accuracy_samples={train_accuracy_samples} must be >= 0 (0: off)")
+        self.train_accuracy_samples = train_accuracy_samples
+
+    def configure_callbacks(self) -> list:
+        """The aggregation, then (Table II's figures read as training accuracy) the new global
+        model's accuracy on a fixed subsample of the clients' pooled training data."""
+        from fl_lightning.callbacks.training_accuracy import TrainingAccuracy
+
+        callbacks = super().configure_callbacks()
+        return callbacks + [TrainingAccuracy(self.train_accuracy_samples)] if self.train_accuracy_samples else callbacks
 
     # ---- layout ----------------------------------------------------------------------------
     def setup(self, template: torch.nn.Module, num_classes: int, optimizer: OptimizerConfig, stacking: str,
@@ -178,6 +190,9 @@ class FIMLBFGS(_FIMLBFGSUpdate, FedAvg):
             region for early rounds, when the first pairs can make gamma large); 0: off.
         curvature_eps: a pair with s.y <= curvature_eps ||s|| ||y|| is skipped (keeps H
             positive definite; with lambda > 0 every pair passes, since s.y = sum (F + lambda) s^2).
+        train_accuracy_samples: each round, log ``train/accuracy``, the new model's accuracy on
+            this many samples of the clients' pooled training data, fixed for the run (Table II's
+            figures read as training accuracy); 0: off.
     """
 
     name = "fimlbfgs"
@@ -198,6 +213,7 @@ class FedOVAFIMLBFGS(_FIMLBFGSUpdate, FedOVA):
         history: m, the number of (s, y) pairs kept per detector.
         max_step_norm: if > 0, each detector's step is scaled down to at most this length; 0: off.
         curvature_eps: a pair with s.y <= curvature_eps ||s|| ||y|| is skipped.
+        train_accuracy_samples: as FIMLBFGS's (``train/accuracy`` each round; 0: off).
     """
 
     name = "fedova_fimlbfgs"
