@@ -31,6 +31,12 @@ mkdir -p "$LOGS"
 saved() {  # saved DIR: a stopped run left a checkpoint or client results (run.checkpoint_clients)
   [ -f "$1/checkpoints/last.ckpt" ] || compgen -G "$1/checkpoints/clients/round-*/client-*.pt" > /dev/null
 }
+# FedOV's Table 1-3 runs (FedOV, close-set voting, the one-round baselines, FedKT) follow the
+# configs, which carry the authors' code reading (docs/reproduction_readings.md): their folders
+# end in READING_TAG (default _code), so that they never mix with the text-reading runs committed
+# before (the folders without it, made by commit 8af2d33's configs).
+READING_TAG=${READING_TAG-_code}
+
 run() {  # run NAME CONFIG [OVERRIDES...]
   local name=$1 config=$2; shift 2
   [[ $name =~ ${ONLY:-.} ]] || return
@@ -63,8 +69,8 @@ E_TAG=$([ "$E" = 20 ] || echo "_e$E")  # runs at another E than 20 get names of 
 # FedOV Table 1 (FedOV and close-set voting, same epochs, optimizer and seeds)
 for data in fmnist mnist; do
   for part in C1 C2 D05; do
-    run ${data}_${part}_closeset$E_TAG configs/fedov_${data}.yaml ${!part} $FEDOV --algorithm CloseSetVoting
-    run ${data}_${part}_fedov$E_TAG configs/fedov_${data}.yaml ${!part} $FEDOV
+    run ${data}_${part}_closeset${READING_TAG}$E_TAG configs/fedov_${data}.yaml ${!part} $FEDOV --algorithm CloseSetVoting
+    run ${data}_${part}_fedov${READING_TAG}$E_TAG configs/fedov_${data}.yaml ${!part} $FEDOV
   done
 done
 # FIM-L-BFGS Table II, IID FMNIST: FedAvg-SGD and the client-side reading (FedAvg whose clients
@@ -123,19 +129,19 @@ if [[ fmnist_iid_fim_server =~ ${ONLY:-.} ]]; then
   [ "$eta" != none ] && run fmnist_iid_fim_server$T2 configs/fimlbfgs_fmnist.yaml --federation.rounds $ROUNDS $WINDOW --algorithm.step_size $eta
 fi
 # Table 1's one-round baselines on FMNIST #C=2 (NIID-Bench: sample-weighted averaging, FedProx μ 0.01)
-run fmnist_C2_fedavg$E_TAG configs/fedavg_oneshot_fmnist.yaml $C2 $FEDOV
-run fmnist_C2_fedprox$E_TAG configs/fedprox_oneshot_fmnist.yaml $C2 $FEDOV --algorithm.mu 0.01
-run fmnist_C2_fednova$E_TAG configs/fednova_oneshot_fmnist.yaml $C2 $FEDOV
-run fmnist_C2_scaffold$E_TAG configs/scaffold_oneshot_fmnist.yaml $C2 $FEDOV
+run fmnist_C2_fedavg${READING_TAG}$E_TAG configs/fedavg_oneshot_fmnist.yaml $C2 $FEDOV
+run fmnist_C2_fedprox${READING_TAG}$E_TAG configs/fedprox_oneshot_fmnist.yaml $C2 $FEDOV --algorithm.mu 0.01
+run fmnist_C2_fednova${READING_TAG}$E_TAG configs/fednova_oneshot_fmnist.yaml $C2 $FEDOV
+run fmnist_C2_scaffold${READING_TAG}$E_TAG configs/scaffold_oneshot_fmnist.yaml $C2 $FEDOV
 # the one-shot baselines with public data (accuracy on the second test half; FedKT's teachers get
 # FedOV's E, its students and final model the authors' 100 epochs on the public half)
-run fmnist_C2_feddf$E_TAG configs/feddf_oneshot_fmnist.yaml $C2 $FEDOV
-run fmnist_C2_fedkt$E_TAG configs/fedkt_oneshot_fmnist.yaml $C2 $FEDOV
+run fmnist_C2_feddf${READING_TAG}$E_TAG configs/feddf_oneshot_fmnist.yaml $C2 $FEDOV
+run fmnist_C2_fedkt${READING_TAG}$E_TAG configs/fedkt_oneshot_fmnist.yaml $C2 $FEDOV
 # Table 3: Distilled FedOV on FMNIST Dir(0.5) (student: 100 epochs on the first test half)
-run fmnist_D05_fedov_distilled$E_TAG configs/fedov_fmnist.yaml $D05 $FEDOV --algorithm.distill true
+run fmnist_D05_fedov_distilled${READING_TAG}$E_TAG configs/fedov_fmnist.yaml $D05 $FEDOV --algorithm.distill true
 # Table 2 ablation, FMNIST #C=1
-run fmnist_C1_proser$E_TAG configs/fedov_fmnist.yaml $C1 $FEDOV --algorithm.destruction_weight 0 --algorithm.adversarial_weight 0
-run fmnist_C1_proser_dd$E_TAG configs/fedov_fmnist.yaml $C1 $FEDOV --algorithm.adversarial_weight 0
+run fmnist_C1_proser${READING_TAG}$E_TAG configs/fedov_fmnist.yaml $C1 $FEDOV --algorithm.destruction_weight 0 --algorithm.adversarial_weight 0
+run fmnist_C1_proser_dd${READING_TAG}$E_TAG configs/fedov_fmnist.yaml $C1 $FEDOV --algorithm.adversarial_weight 0
 # FedOVA Table I, FMNIST non-IID-L (K = 100, C = 0.2, E = 5, B = 15, 100 rounds, final accuracy =
 # mean of the last 20 rounds as the paper states), with the paper's network (McMahan et al.'s CNN:
 # a 512-unit hidden layer). The paper states no learning rate: the same rule for FedOVA and FedAvg
@@ -176,8 +182,8 @@ if [ "${CIFAR:-0}" = 1 ]; then
     [ "$lr" != none ] && run $name$CR_TAG configs/${method}_cifar.yaml $pack --optimizer.lr $lr \
       --federation.rounds $CR --run.checkpoint_every ${CHECKPOINT_EVERY:-0}
   done
-  run cifar_C2_closeset$E_TAG configs/fedov_cifar.yaml $C2 $FEDOV --algorithm CloseSetVoting $pack
-  run cifar_C2_fedov$E_TAG configs/fedov_cifar.yaml $C2 $FEDOV $pack
+  run cifar_C2_closeset${READING_TAG}$E_TAG configs/fedov_cifar.yaml $C2 $FEDOV --algorithm CloseSetVoting $pack
+  run cifar_C2_fedov${READING_TAG}$E_TAG configs/fedov_cifar.yaml $C2 $FEDOV $pack
 fi
 # FedOVA Table II's data-sharing baseline (Zhao et al. 2018), FMNIST non-IID-2: FedAvg whose
 # clients all hold the same random global subset of β·|D_k| extra samples; Table I's setting and

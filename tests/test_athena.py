@@ -451,3 +451,22 @@ def test_batch_norm_networks_skip_a_lone_sample_batch_instead_of_failing():
     assert torch.isfinite(module.training_step((torch.randn(2, 1, 8, 8), torch.tensor([0, 1])), 0))
     plain = MultiClassClassifier(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3)), OptimizerConfig())
     assert plain.training_step((torch.randn(1, 1, 8, 8), torch.tensor([0])), 0) is not None  # nothing skipped without BN
+
+
+def test_athena_fl_run_prints_no_openblas_warning(tmp_path):
+    # The real command line with the shipped config's threads (no thread settings in the
+    # environment): scikit-learn's clustering called BLAS inside its own OpenMP loops and
+    # OpenBLAS warned "Detect OpenMP Loop and this application may hang" once per client
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    done = subprocess.run(
+        [sys.executable, "-m", "fl_lightning", "fit", "--config", "configs/athena_fmnist.yaml", "--data.name", "synthetic",
+         "--data.synthetic_size", "600", "--partition.num_clients", "10", "--federation.rounds", "1",
+         "--trainer.workers", "2", "--run.dir", str(tmp_path / "run"), "--run.logger", "none", "--run.progress", "off"],
+        cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "OpenBLAS" not in done.stderr + done.stdout

@@ -54,6 +54,15 @@ class DBSCANClustering:
 
     def fit(self, vectors: np.ndarray) -> tuple[np.ndarray, dict]:
         """Cluster ids 0..G-1 per client, and facts to log (eps used, noise count)."""
+        from threadpoolctl import threadpool_limits
+
+        # scikit-learn's distance computations call BLAS inside their own OpenMP loops: a
+        # multi-threaded OpenBLAS there warned "Detect OpenMP Loop" once per client (the BLAS
+        # calls are on G x d vectors: one thread is all they need)
+        with threadpool_limits(1, user_api="blas"):
+            return self._fit(vectors)
+
+    def _fit(self, vectors: np.ndarray) -> tuple[np.ndarray, dict]:
         from sklearn.cluster import DBSCAN
 
         v = self.scale(vectors)

@@ -31,7 +31,9 @@ from fl_lightning.functional import Forward, weighted_mean
 
 @dataclass(frozen=True)
 class OpenSetLoss:
-    """Weights and settings of the local open-set loss. Defaults: FedOV's paper (Appendix B.1).
+    """Weights and settings of the local open-set loss. Defaults: the numbers FedOV's paper prints
+    (Appendix B.1, ``reading: text``); the ``FedOV`` strategy defaults to its authors' code
+    (PROSER's weights 1 / 0.01, their destruction pool: voting.py, docs/reproduction_readings.md).
 
     Attributes:
         dummy_weight: beta, PROSER's dummy-classifier term (paper: 0.01).

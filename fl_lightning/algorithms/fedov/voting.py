@@ -29,8 +29,8 @@ STUDENT = "student."
 # The authors' destruction pool (FedOV's experiments.py, ``aug_crop``): one of seven transforms drawn
 # uniformly per image, RandomResizedCrop, blur, RandomErasing, cut, rot, cut, rot. Their ``cut`` pastes
 # half the image over another place (4 of its 6 cases: our copy_paste) or swaps the halves (2 of 6:
-# our swap); ``rot`` is our rotate. destroy() draws uniformly over a tuple, so this one, with each op
-# repeated in proportion, gives their law: resized_crop, blur, erase 3/21 each, rotate 6/21,
+# our swap); ``rot`` is our rotate. destruction.py draws uniformly over the tuple, so this one, with
+# each op repeated in proportion, gives their law: resized_crop, blur, erase 3/21 each, rotate 6/21,
 # copy_paste 4/21, swap 2/21. The paper's text lists the six operations once each (DESTRUCTION_OPS).
 CODE_DESTRUCTION_OPS: tuple[str, ...] = (("resized_crop",) * 3 + ("blur",) * 3 + ("erase",) * 3 + ("rotate",) * 6
                                          + ("copy_paste",) * 4 + ("swap",) * 2)
