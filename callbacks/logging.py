@@ -203,6 +203,8 @@ class MetricsLogger(FederatedCallback):
                 offline=os.environ.get("WANDB_MODE", "").lower() == "offline",
                 # a few lines per run instead of ~35 (a sweep runs many); WANDB_SILENT=true: none
                 settings=wandb.Settings(quiet=True),
+                # a run of its own even beside others in this process (a stacked sweep's runs)
+                reinit="create_new",
             )
         else:
             raise ValueError(f"run.logger={self.kind!r} must be csv, wandb or none")
@@ -224,6 +226,4 @@ class MetricsLogger(FederatedCallback):
                     self.logger.log_metrics({f"summary/{key}": summary[key]}, step=federation.round)
             self.logger.finalize("success")
             if self.kind == "wandb":
-                import wandb
-
-                wandb.finish()
+                self.logger.experiment.finish()  # this run's, not whichever run is wandb.run

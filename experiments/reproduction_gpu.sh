@@ -6,8 +6,10 @@
 #                paper's network with a 512-unit hidden layer, over SEEDS (default "0 1 2");
 #   datasharing  Table II's data-sharing baseline (FedAvg, β = 5 / 10 %) over SEEDS;
 #   fedov        FedOV Table 1 at the paper's FEDOV_E (default 200) local epochs: FedOV and
-#                close-set voting on FMNIST and MNIST, #C=1 / #C=2 / Dir(0.5), over SEEDS (runs
-#                named *_e200; bench/gpu_check.sh targets 2 min a run on an H100, not yet measured);
+#                close-set voting on FMNIST and MNIST, #C=1 / #C=2 / Dir(0.5) (FEDOV_PARTS), all
+#                SEEDS at once: each data set's runs stacked in one cohort (experiments/
+#                fedov_stacked.py; runs named *_code_e200; a stack the deadline stops is lost, the
+#                finished ones stay; bench/gpu_check.sh's STACKED_FEDOV measures one; not yet run on a GPU);
 #   athena       ATHENA-FL Section 5.2.2: ATHENA-FL and FedAvg-MobileNet on MNIST and FMNIST (2
 #                classes per client) at ATHENA_ROUNDS (default 200, the paper's) rounds, over SEEDS
 #                (two cores: ~1 min a round; no GPU time measured yet, and a run the deadline
@@ -93,15 +95,13 @@ for task in ${TASKS:-table1 datasharing}; do
           in_budget || break 3
           SEEDS=$seed SHARE_FRACTIONS=$beta HIDDEN=${HIDDEN:-512} ONLY="^fmnist_n2_datasharing" bash experiments/reproduction.sh
         done ;;
-      fedov)
-        for data in fmnist mnist; do
-          for part in C1 C2 D05; do
-            for method in fedov closeset; do
-              in_budget || break 5
-              SEEDS=$seed E=${FEDOV_E:-200} ONLY="^${data}_${part}_${method}_e${FEDOV_E:-200}\$" bash experiments/reproduction.sh
-            done
-          done
-        done ;;
+      fedov)  # every seed at once: the runs of a data set stacked in one cohort (fl_lightning/stacking.py)
+        [ "$seed" = "$(set -- ${SEEDS:-0 1 2}; echo $1)" ] || continue
+        in_budget || break 2
+        mkdir -p "$LOGS"
+        $PYTHON experiments/fedov_stacked.py --epochs ${FEDOV_E:-200} --seeds ${SEEDS:-0 1 2} \
+          --parts ${FEDOV_PARTS:-C1 C2 D05} --reading-tag "${READING_TAG-_code}" --extra "$EXTRA" \
+          2>&1 | tee -a "$LOGS/fedov_stacked.log" | grep -vE "Warning|warn" ;;
       athena)
         for data in mnist fmnist; do
           for method in athena fedavg_mobilenet; do

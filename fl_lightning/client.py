@@ -8,7 +8,7 @@ import os
 import time
 import warnings
 from dataclasses import dataclass, replace
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -18,6 +18,9 @@ from fl_lightning.config import FederationConfig, TrainerConfig
 from fl_lightning.messages import ClientResult, ClientTask, State
 from fl_lightning.plugins import client_plugin
 from fl_lightning.worker_pool import WorkerPool, notify
+
+if TYPE_CHECKING:
+    from fl_lightning.cohort.engine import CohortTrainer
 
 
 @dataclass
@@ -281,13 +284,13 @@ def resolve_engine(cfg: TrainerConfig) -> str:
 
 
 def cohort_groups(jobs: Sequence[tuple[ClientTask, np.ndarray]], find_plugin, cohort_size: int):
-    """Job positions grouped into cohorts: tasks whose plug-in gives the same stack key, in
-    chunks of at most ``cohort_size`` members (0: no limit); and the positions that train
-    per client."""
+    """Job positions grouped into cohorts: jobs for which ``find_plugin(position)`` gives the
+    same (plug-in, stack key), in chunks of at most ``cohort_size`` members (0: no limit); and
+    the positions that train per client (no plug-in, or an empty client)."""
     groups: dict = {}
     alone = []
     for position, (task, indices) in enumerate(jobs):
-        found = find_plugin(task) if len(indices) else None
+        found = find_plugin(position) if len(indices) else None
         if found is None:
             alone.append(position)
             continue
@@ -304,6 +307,61 @@ def cohort_groups(jobs: Sequence[tuple[ClientTask, np.ndarray]], find_plugin, co
             size += count
         cohorts.append((plugin, chunk))
     return cohorts, alone
+
+
+@dataclass
+class CohortJob:
+    """One client's local training as the cohort engine takes it: with its own run's context
+    (data, seed, B, E), so that the clients of several runs (a stacked sweep) can share a cohort."""
+
+    ctx: ClientContext
+    task: ClientTask
+    indices: np.ndarray
+    round_index: int
+    state: Optional[State] = None
+
+
+def train_in_cohorts(jobs: Sequence[CohortJob], trainer_for: Callable[[ClientContext], "CohortTrainer"],
+                     cohort_size: int, padded: bool = False) -> list:
+    """Outcomes (ClientResult | ClientFailure) in job order: jobs whose contexts share one
+    ``CohortTrainer`` (``trainer_for``) and whose plug-ins give one stack key train as cohorts
+    of at most ``cohort_size`` members, each member with its own run's seed; jobs of runs with
+    other batch sizes or local epochs train in cohorts of their own (no padded sample, no
+    masked epoch: the arithmetic of the runs alone), or, ``padded``, together (narrower batches
+    padded, shorter trainings masked: fewer steps, each wider); the rest train per client."""
+    def find(position: int):
+        job = jobs[position]
+        trainer = trainer_for(job.ctx)
+        found = trainer.plugin_for(job.task)
+        if found is None:
+            return None
+        shape = None if padded else (job.ctx.federation.batch_size,
+                                     client_plugin(job.task.kind).local_epochs(job.task, job.ctx.federation))
+        return found[0], (id(trainer), found[1], shape)
+
+    cohorts, alone = cohort_groups([(job.task, job.indices) for job in jobs], find, cohort_size)
+    outcomes: dict[int, object] = {}
+    for position in alone:
+        job = jobs[position]
+        outcomes[position] = guarded_train(job.ctx, job.task, job.indices, job.round_index, job.state)
+    for plugin, positions in cohorts:
+        group = [jobs[p] for p in positions]
+        seeds = [client_seed(job.ctx.seed, job.round_index, job.task.client_id) for job in group]
+        epochs = [client_plugin(job.task.kind).local_epochs(job.task, job.ctx.federation) for job in group]
+        try:
+            trained = trainer_for(group[0].ctx).train(
+                plugin, [(job.task, job.indices) for job in group], group[0].round_index, seeds, epochs,
+                [dict(job.state or {}) for job in group], [job.ctx.federation.batch_size for job in group])
+        except Exception as error:  # noqa: BLE001 - a failed cohort drops its clients only
+            trained = [ClientFailure(job.task.client_id, f"{type(error).__name__}: {error}") for job in group]
+        for position, job, outcome in zip(positions, group, trained):
+            if isinstance(outcome, ClientResult):
+                try:
+                    outcome = checked(uploaded(job.task, outcome))
+                except ValueError as error:
+                    outcome = ClientFailure(job.task.client_id, f"{type(error).__name__}: {error}")
+            outcomes[position] = outcome
+    return [outcomes[p] for p in range(len(jobs))]
 
 
 def _worker_train(positioned_args):
@@ -364,28 +422,8 @@ class ClientExecutor:
 
     def _run_cohorts(self, jobs: Sequence[tuple[ClientTask, np.ndarray]], round_index: int, states: dict[int, State]):
         """Outcomes in job order: stackable tasks trained as cohorts, the rest per client."""
-        cohorts, alone = cohort_groups(jobs, self._cohorts.plugin_for, self.ctx.trainer.cohort_size)
-        outcomes: dict[int, object] = {}
-        for position in alone:
-            task, indices = jobs[position]
-            outcomes[position] = guarded_train(self.ctx, task, indices, round_index, states.get(task.client_id))
-        for plugin, positions in cohorts:
-            entries = [jobs[p] for p in positions]
-            seeds = [client_seed(self.ctx.seed, round_index, task.client_id) for task, _ in entries]
-            epochs = [client_plugin(task.kind).local_epochs(task, self.ctx.federation) for task, _ in entries]
-            kept = [dict(states.get(task.client_id) or {}) for task, _ in entries]
-            try:
-                trained = self._cohorts.train(plugin, entries, round_index, seeds, epochs, kept)
-            except Exception as error:  # noqa: BLE001 - a failed cohort drops its clients only
-                trained = [ClientFailure(task.client_id, f"{type(error).__name__}: {error}") for task, _ in entries]
-            for position, (task, _), outcome in zip(positions, entries, trained):
-                if isinstance(outcome, ClientResult):
-                    try:
-                        outcome = checked(uploaded(task, outcome))
-                    except ValueError as error:
-                        outcome = ClientFailure(task.client_id, f"{type(error).__name__}: {error}")
-                outcomes[position] = outcome
-        return [outcomes[p] for p in range(len(jobs))]
+        return train_in_cohorts([CohortJob(self.ctx, task, indices, round_index, states.get(task.client_id))
+                                 for task, indices in jobs], lambda ctx: self._cohorts, self.ctx.trainer.cohort_size)
 
     def _note(self, note) -> None:
         if note[0] == "epoch" and self.ctx.on_epoch is not None:

@@ -239,11 +239,8 @@ class Federation:
         return line + (f"; {saved} saved client results of round {self.round + 1} found" if saved else "")
 
     def _run_rounds(self, executor, journal: Optional[ClientJournal] = None) -> dict[str, Any]:
-        d = self._data
         if executor is None:
-            public_x = None if self.public_x is None else self.public_x.to(d.train_x.device)
-            executor = ClientExecutor(ClientContext(d.train_x, d.train_y, self.template, self.federation,
-                                                    self.trainer_cfg, self.seed, public_x, on_epoch=self._client_epoch))
+            executor = ClientExecutor(self.client_context())
         if journal is not None:
             executor = JournaledExecutor(executor, journal)
         started = time.perf_counter()
@@ -284,6 +281,13 @@ class Federation:
         if journal is not None:  # the final checkpoint holds every round now
             journal.clear()
         return summary
+
+    def client_context(self) -> ClientContext:
+        """What this run's client fits share (after ``setup``): its data, model, settings, seed."""
+        d = self._data
+        public_x = None if self.public_x is None else self.public_x.to(d.train_x.device)
+        return ClientContext(d.train_x, d.train_y, self.template, self.federation, self.trainer_cfg, self.seed,
+                             public_x, on_epoch=self._client_epoch)
 
     def _finished_round(self, round_index: int) -> None:
         # containers copied, tensors shared: the next round replaces them before changing any

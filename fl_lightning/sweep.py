@@ -190,37 +190,95 @@ def _wandb_env(sweep_name: str):
 
 
 def run_sweep(sweep_file: str | Path, runs_dir: str | Path = "runs/sweeps", extra: Optional[list[str]] = None,
-              dry_run: bool = False) -> list[Configuration]:
+              dry_run: bool = False, stack: Optional[str] = None) -> list[Configuration]:
     sweep = load_sweep(sweep_file)
     configs = plan(sweep, runs_dir, list(extra or []))
     rounds = [target_rounds(c.args) for c in configs]  # all parsed before the first fit
-    width = len(str(len(configs)))
     with _wandb_env(sweep.name):
-        for i, (config, target) in enumerate(zip(configs, rounds), 1):
-            action, ckpt = decide(config, target)
-            head = f"[{i:>{width}}/{len(configs)}]"
-            if dry_run:
-                config.status = {"run": "would run", "skip": "would skip", "resume": "would resume"}[action]
-                command = " ".join(["fl_lightning", "fit", *config.args, *(["--ckpt_path", ckpt] if ckpt else [])])
-                print(f"{head} {config.status:<12} {config.name}: {command}", flush=True)
-                continue
-            if action == "skip":
-                config.status = "skipped"
-                print(f"{head} skipped  {config.name} (summary.json has {target} rounds) {config.run_dir}", flush=True)
-                continue
-            started = time.perf_counter()
-            try:
-                config.summary = fit_configuration([*config.args, *(["--ckpt_path", ckpt] if ckpt else [])])
-            except Exception as err:  # a diverged run should not end the sweep; argument errors exit above
-                config.status, config.error = "failed", f"{type(err).__name__}: {err}"
-                print(f"{head} failed   {config.name}: {config.error}", flush=True)
-                continue
-            config.status = "resumed" if ckpt else "done"
-            acc = config.summary.get("final_accuracy")
-            acc_text = f"final accuracy {acc:.4f}" if acc is not None else "no accuracy"
-            print(f"{head} {config.status:<8} {config.name}: {acc_text}, {config.summary['rounds']} rounds, "
-                  f"{time.perf_counter() - started:.1f} s -> {config.run_dir}", flush=True)
+        return run_configurations(configs, rounds, dry_run, stack)
+
+
+def run_configurations(configs: list[Configuration], rounds: list[int], dry_run: bool = False,
+                       stack: Optional[str] = None) -> list[Configuration]:
+    """Each configuration run, skipped (its summary.json has ``rounds``) or resumed from its
+    checkpoint: stacked (``stack``: grouped | padded) where the cohort engine is selected, else
+    one after another."""
+    if stack and not dry_run and run_stacked(configs, rounds, padded=stack == "padded"):
+        return configs
+    width = len(str(len(configs)))
+    for i, (config, target) in enumerate(zip(configs, rounds), 1):
+        action, ckpt = decide(config, target)
+        head = f"[{i:>{width}}/{len(configs)}]"
+        if dry_run:
+            config.status = {"run": "would run", "skip": "would skip", "resume": "would resume"}[action]
+            command = " ".join(["fl_lightning", "fit", *config.args, *(["--ckpt_path", ckpt] if ckpt else [])])
+            print(f"{head} {config.status:<12} {config.name}: {command}", flush=True)
+            continue
+        if action == "skip":
+            config.status = "skipped"
+            print(f"{head} skipped  {config.name} (summary.json has {target} rounds) {config.run_dir}", flush=True)
+            continue
+        started = time.perf_counter()
+        try:
+            summary = fit_configuration([*config.args, *(["--ckpt_path", ckpt] if ckpt else [])])
+        except Exception as err:  # a diverged run should not end the sweep; argument errors exit above
+            _failed(config, head, err)
+            continue
+        _finished(config, head, summary, ckpt, time.perf_counter() - started)
     return configs
+
+
+def _failed(config: Configuration, head: str, error: BaseException) -> None:
+    config.status, config.error = "failed", f"{type(error).__name__}: {error}"
+    print(f"{head} failed   {config.name}: {config.error}", flush=True)
+
+
+def _finished(config: Configuration, head: str, summary: dict, ckpt: Optional[str], seconds: float) -> None:
+    config.summary, config.status = summary, "resumed" if ckpt else "done"
+    acc = summary.get("final_accuracy")
+    acc_text = f"final accuracy {acc:.4f}" if acc is not None else "no accuracy"
+    print(f"{head} {config.status:<8} {config.name}: {acc_text}, {summary['rounds']} rounds, {seconds:.1f} s "
+          f"-> {config.run_dir}", flush=True)
+
+
+def run_stacked(configs: list[Configuration], rounds: list[int], padded: bool = False) -> bool:
+    """The configurations left to run, trained together as one stack (fl_lightning/stacking.py);
+    False (after saying why) when they cannot be stacked here: the caller runs them one by one."""
+    from fl_lightning.settings import build_federation
+    from fl_lightning.stacking import StackedRun, fit_stacked, stackable
+
+    runs, members = [], []
+    for i, (config, target) in enumerate(zip(configs, rounds), 1):
+        action, ckpt = decide(config, target)
+        if action == "skip":
+            config.status = "skipped"
+            print(f"[{i}/{len(configs)}] skipped  {config.name} (summary.json has {target} rounds) {config.run_dir}",
+                  flush=True)
+            continue
+        args = [*config.args, *(["--ckpt_path", ckpt] if ckpt else [])]
+        if not any(a == "--run.progress" or a.startswith("--run.progress=") for a in args):
+            args += ["--run.progress", "off"]  # one line per stacked step instead of every run's bars
+        _, cfg, federation = build_federation(["fit", *args])
+        runs.append(StackedRun(config.name, federation, cfg.fit.ckpt_path))
+        members.append((config, ckpt))
+    if not runs:
+        return True
+    why_not = stackable([run.federation for run in runs])
+    if why_not is not None:
+        print(f"--stack: {why_not}, so the {len(runs)} runs train one after another (as without --stack); "
+              f"--trainer.engine cohort stacks them on this machine too", flush=True)
+        return False
+    print(f"--stack: {len(runs)} runs trained together", flush=True)
+    fit_stacked(runs, padded=padded)
+    for run, (config, ckpt) in zip(runs, members):
+        head = f"[{configs.index(config) + 1}/{len(configs)}]"
+        if run.error is None:
+            _finished(config, head, run.summary, ckpt, run.seconds)
+        elif isinstance(run.error, Exception):
+            _failed(config, head, run.error)
+        else:  # an interrupt: the sweep stops
+            raise run.error
+    return True
 
 
 def build_sweep_parser() -> argparse.ArgumentParser:
@@ -232,6 +290,11 @@ def build_sweep_parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs-dir", default="runs/sweeps",
                         help="runs go to RUNS_DIR/<sweep name>/<key>=<value>,... (default: runs/sweeps)")
     parser.add_argument("--dry-run", action="store_true", help="print what would run, skip or resume; train nothing")
+    parser.add_argument("--stack", nargs="?", const="grouped", choices=("grouped", "padded"), default=None,
+                        help="train the configurations together, their clients in shared cohorts (one GPU, one "
+                             "process: fl_lightning/stacking.py): runs of equal batch size and local epochs share "
+                             "cohorts (grouped, the default), or all runs do, padded and masked (padded); where the "
+                             "cohort engine is not selected (a CPU by default) they run one after another")
     return parser
 
 
@@ -239,7 +302,7 @@ def main(argv: list[str]) -> list[Configuration]:
     parser = build_sweep_parser()
     args, extra = parser.parse_known_args(argv)
     try:
-        configs = run_sweep(args.sweep_file, args.runs_dir, extra, args.dry_run)
+        configs = run_sweep(args.sweep_file, args.runs_dir, extra, args.dry_run, args.stack)
     except SweepError as err:
         parser.error(str(err))
     failed = [c for c in configs if c.status == "failed"]

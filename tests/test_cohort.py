@@ -249,7 +249,7 @@ def test_cohorts_group_by_plugin_key_and_chunk_by_members():
     jobs = [(Task(2), np.arange(5)), (Task(1, "alone"), np.arange(5)), (Task(2), np.arange(5)), (Task(2), np.arange(0)),
             (Task(3), np.arange(5))]
 
-    cohorts, alone = cohort_groups(jobs, lambda t: None if t.kind == "alone" else (plugin, "key"), cohort_size=4)
+    cohorts, alone = cohort_groups(jobs, lambda p: None if jobs[p][0].kind == "alone" else (plugin, "key"), cohort_size=4)
 
     assert alone == [1, 3]  # no plug-in; an empty client
     assert [positions for _, positions in cohorts] == [[0, 2], [4]]  # 2 + 2 members, then 3

@@ -63,10 +63,11 @@ def test_grid_is_the_cartesian_product_in_file_order(tmp_path):
         sweep.plan(s, tmp_path / "runs", ["--optimizer.lr=0.5"])  # a swept setting cannot be overridden
 
 
-@pytest.mark.parametrize("name", ["fedova_fmnist_batch.yaml", "fedova_fmnist_epochs.yaml"])
-def test_the_repository_sweeps_load(name):
+@pytest.mark.parametrize("name, size", [("fedova_fmnist_batch.yaml", 4), ("fedova_fmnist_epochs.yaml", 4),
+                                        ("fedova_fmnist_seeds.yaml", 3)])
+def test_the_repository_sweeps_load(name, size):
     s = sweep.load_sweep(REPO / "sweeps" / name)
-    assert len(sweep.expand(s)) == 4
+    assert len(sweep.expand(s)) == size
     assert s.fixed_args == ["--config", "configs/fedova_fmnist.yaml", "--run.logger", "wandb"]
 
 

@@ -266,16 +266,17 @@ class CohortTrainer:
         return plugin, (task.kind, key, (o.name, o.lr, o.momentum, o.weight_decay))
 
     def train(self, plugin: CohortPlugin, entries: Sequence[tuple], round_index: int, seeds: Sequence[int],
-              epochs: Sequence[int], client_states: Sequence[dict]) -> list:
-        """``entries``: (task, local indices), ``client_states`` what each client kept; the
-        results in the same order."""
+              epochs: Sequence[int], client_states: Sequence[dict],
+              batch_sizes: Optional[Sequence[int]] = None) -> list:
+        """``entries``: (task, local indices), ``client_states`` what each client kept,
+        ``batch_sizes`` each entry's B (default: the run's); the results in the same order."""
         members, member_entry = [], []  # member_entry[m]: the entry whose client member m trains on
         for k, (task, _) in enumerate(entries):
             own = plugin.members(task, client_states[k])
             members += own
             member_entry += [k] * len(own)
         plan = build_plan([torch.from_numpy(np.asarray(idx)) for _, idx in entries], seeds,
-                          self.ctx.federation.batch_size, epochs)
+                          self.ctx.federation.batch_size if batch_sizes is None else batch_sizes, epochs)
         member_plan = BatchPlan(plan.index[:, member_entry], plan.weight[:, member_entry], plan.active[:, member_entry],
                                 plan.last_epoch[:, member_entry], plan.steps, plan.last_epoch_batches)
         optimizer = entries[0][0].optimizer

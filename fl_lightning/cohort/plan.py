@@ -56,14 +56,18 @@ def stream_batches(indices: Tensor, batch_size: int, epochs: int, generator: tor
     return padded.clamp(min=0), (padded >= 0).float()
 
 
-def build_plan(streams: Sequence[Tensor], seeds: Sequence[int], batch_size: int, epochs: Sequence[int]) -> BatchPlan:
+def build_plan(streams: Sequence[Tensor], seeds: Sequence[int], batch_size: int | Sequence[int],
+               epochs: Sequence[int]) -> BatchPlan:
     """The plan of streams with local samples ``streams[k]`` (indices into the data set, at
     least one), generator seeds ``seeds[k]`` and ``epochs[k]`` local epochs, batches of
-    ``batch_size`` (0: the whole local set)."""
-    if batch_size < 0:
-        raise ValueError(f"federation.batch_size={batch_size} must be >= 0 (0 = whole local set)")
-    per_stream = [stream_batches(torch.as_tensor(idx, dtype=torch.long), batch_size, e, torch.Generator().manual_seed(seed))
-                  for idx, seed, e in zip(streams, seeds, epochs)]
+    ``batch_size`` (0: the whole local set), or of ``batch_size[k]`` per stream (the runs of a
+    stacked sweep: a narrower stream is padded to the widest, its padding weighted 0)."""
+    sizes = [batch_size] * len(streams) if isinstance(batch_size, int) else list(batch_size)
+    for size in sizes:
+        if size < 0:
+            raise ValueError(f"federation.batch_size={size} must be >= 0 (0 = whole local set)")
+    per_stream = [stream_batches(torch.as_tensor(idx, dtype=torch.long), size, e, torch.Generator().manual_seed(seed))
+                  for idx, seed, size, e in zip(streams, seeds, sizes, epochs)]
     width = max(index.shape[1] for index, _ in per_stream)
     num_steps = max(index.shape[0] for index, _ in per_stream)
     k = len(streams)

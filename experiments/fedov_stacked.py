@@ -1,0 +1,88 @@
+"""FedOV's Table 1 cells (FedOV and close-set voting) over seeds, stacked: every run of a data
+set trained together on one GPU (``sweep --stack``'s engine, fl_lightning/stacking.py), into
+the folders experiments/reproduction.sh uses (reports/reproduction/runs/<data>_<part>_<method>
+<reading tag><E tag>/seed<S>), so the reproduction table reads them as it reads the runs made
+one at a time. Finished runs are skipped; a run stopped with a checkpoint resumes; a run's
+folder keeps only its summary.json once it is done. One stack per data set (a call that a
+deadline stops loses only the stack it was training).
+
+    python experiments/fedov_stacked.py --epochs 200 --seeds 0 1 2 --extra "--trainer.accelerator gpu"
+
+Called by experiments/reproduction_gpu.sh (TASKS=fedov). Without the cohort engine (a CPU,
+unless --extra names --trainer.engine cohort) the runs train one after another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PARTITIONS = {  # experiments/reproduction.sh's C1, C2, D05
+    "C1": ["--partition.scheme", "num_labels", "--partition.labels_per_client", "1"],
+    "C2": ["--partition.scheme", "num_labels", "--partition.labels_per_client", "2"],
+    "D05": ["--partition.scheme", "dirichlet", "--partition.dirichlet_beta", "0.5"],
+}
+METHODS = {"fedov": [], "closeset": ["--algorithm", "CloseSetVoting"]}
+
+
+def configurations(data: str, parts, methods, seeds, epochs: int, reading_tag: str, runs_root: Path, extra):
+    from fl_lightning.sweep import Configuration
+
+    e_tag = "" if epochs == 20 else f"_e{epochs}"
+    configs = []
+    for part in parts:
+        for method in methods:
+            for seed in seeds:
+                name = f"{data}_{part}_{method}{reading_tag}{e_tag}"
+                run_dir = runs_root / name / f"seed{seed}"
+                args = ["--config", str(ROOT / "configs" / f"fedov_{data}.yaml"), *PARTITIONS[part], *METHODS[method],
+                        "--federation.local_epochs", str(epochs), "--run.checkpoint_clients", "true",
+                        "--seed", str(seed), "--run.logger", "none", "--federation.on_divergence", "stop",
+                        *extra, "--run.dir", str(run_dir)]
+                configs.append(Configuration(values={"cell": name, "seed": seed}, name=f"{name}/seed{seed}",
+                                             run_dir=run_dir, args=args))
+    return configs
+
+
+def keep_summaries_only(configs) -> None:
+    for config in configs:
+        if config.status in ("done", "resumed") and (config.run_dir / "summary.json").is_file():
+            for path in config.run_dir.iterdir():
+                if path.name != "summary.json":
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=200, help="local epochs E (paper: 200)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--data", nargs="+", default=["fmnist", "mnist"], choices=("fmnist", "mnist"))
+    parser.add_argument("--parts", nargs="+", default=list(PARTITIONS), choices=list(PARTITIONS))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--reading-tag", default="_code", help="as experiments/reproduction.sh's READING_TAG")
+    parser.add_argument("--runs-root", type=Path, default=ROOT / "reports" / "reproduction" / "runs")
+    parser.add_argument("--extra", default="", help="settings added to every run (e.g. --trainer.accelerator gpu)")
+    args = parser.parse_args(argv)
+
+    from fl_lightning.sweep import run_configurations, target_rounds
+
+    failed = []
+    for data in args.data:  # one stack per data set: the runs of one stack share the data tensors
+        configs = configurations(data, args.parts, args.methods, args.seeds, args.epochs, args.reading_tag,
+                                 args.runs_root, shlex.split(args.extra))
+        run_configurations(configs, [target_rounds(c.args) for c in configs], stack="grouped")
+        keep_summaries_only(configs)
+        failed += [c.name for c in configs if c.status == "failed"]
+    if failed:
+        print(f"{len(failed)} runs failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
