@@ -219,15 +219,18 @@ def test_stacked_optimizer_is_torch_optim_per_member_and_skips_masked_steps(cfg)
     grads = [torch.randn(3, 4, generator=gen) for _ in range(6)]
     masks = [torch.tensor([1.0, 1.0, 0.0])] * 4 + [torch.tensor([1.0, 0.0, 0.0])] * 2  # members take 6, 4, 0 steps
 
+    rates = [cfg.lr, 2 * cfg.lr, cfg.lr / 2]  # each member its own (a stacked sweep's runs)
+
     stacked = start.clone()
-    optimizer = StackedOptimizer(cfg, [stacked])
+    optimizer = StackedOptimizer(cfg, [stacked], rates)
     for g, mask in zip(grads, masks):
         optimizer.step([stacked], [g], mask)
 
     for member in range(3):
         p = start[member].clone().requires_grad_()
-        ref = (torch.optim.SGD([p], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay) if cfg.name == "sgd"
-               else torch.optim.Adam([p], lr=cfg.lr, weight_decay=cfg.weight_decay))
+        lr = rates[member]
+        ref = (torch.optim.SGD([p], lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay) if cfg.name == "sgd"
+               else torch.optim.Adam([p], lr=lr, weight_decay=cfg.weight_decay))
         for g, mask in zip(grads, masks):
             if mask[member]:
                 p.grad = g[member].clone()

@@ -98,6 +98,26 @@ def test_stacked_runs_equal_each_run_alone(tmp_path, smooth_network, algorithm, 
     assert "--stack: 4 runs trained together" in capsys.readouterr().out
 
 
+def test_runs_of_other_learning_rates_share_a_cohort_each_with_its_own(tmp_path, smooth_network, monkeypatch):
+    file = write(tmp_path / "lr.yaml", "method: grid\nparameters:\n  optimizer.lr: {values: [0.02, 0.05, 0.1]}\n")
+    args = [*tiny_fixed(), "--trainer.engine", "cohort", "--run.checkpoint_every", "1", "--federation.rounds", "2",
+            "--algorithm", "FedAvg", "--optimizer.momentum", "0.9", *smooth_network]
+    trained = []
+    real_train = engine.CohortTrainer.train
+
+    def counting(self, plugin, entries, *rest, **kw):
+        trained.append(len(entries))
+        return real_train(self, plugin, entries, *rest, **kw)
+
+    monkeypatch.setattr(engine.CohortTrainer, "train", counting)
+    stacked = run(file, tmp_path / "stacked", *args)
+    monkeypatch.setattr(engine.CohortTrainer, "train", real_train)
+    alone = run(file, tmp_path / "alone", *args, stack=None)
+
+    assert trained == [9, 9]  # the three runs' 3 clients in one cohort each round
+    assert_equal_runs(stacked, alone)
+
+
 def test_fedov_runs_of_three_seeds_stack_with_their_own_draws(tmp_path, smooth_network):
     # each member reads the outliers and mixup pairs of its own run's client generators
     file = write(tmp_path / "seeds.yaml", SEEDS)

@@ -44,7 +44,7 @@ class CohortRunner:
 
     def __init__(self, template: nn.Module, plugin: CohortPlugin, members: list[Member], plan: BatchPlan,
                  x: Tensor, y: Tensor, optimizer: OptimizerConfig, use_graph: bool,
-                 draws: Optional[StepDraws] = None) -> None:
+                 draws: Optional[StepDraws] = None, lr: Optional[Sequence[float]] = None) -> None:
         device = x.device
         self.x, self.y, self.plugin, self.draws = x, y, plugin, draws
         self.names = list(members[0].params)
@@ -56,7 +56,7 @@ class CohortRunner:
         self.plan = plan.to(device)  # static buffers: a later plan of as many steps or fewer fits in them
         self.host_plan = plan  # the draws are made on the host, from the plan's real samples
         self.num_steps = plan.num_steps
-        self.optimizer = StackedOptimizer(optimizer, self.params)
+        self.optimizer = StackedOptimizer(optimizer, self.params, lr)  # lr: each member's (default: optimizer.lr)
         self.counter = torch.zeros(1, dtype=torch.long, device=device)
         self.loss_sum = torch.zeros(len(members), device=device)
         self.use_graph = use_graph and device.type == "cuda"
@@ -76,20 +76,24 @@ class CohortRunner:
 
     @staticmethod
     def shape_key(members: list[Member], plan: BatchPlan, optimizer: OptimizerConfig) -> tuple:
-        """Cohorts with equal keys can share one runner (and its captured graph)."""
+        """Cohorts with equal keys can share one runner (and its captured graph); the members'
+        learning rates are data (``load``), not part of the key."""
         first = members[0]
         return (len(members), tuple((n, tuple(t.shape)) for n, t in first.params.items()),
                 tuple((n, tuple(t.shape)) for n, t in first.consts.items()), first.grad_offset is not None,
-                tuple(plan.index.shape[1:]), (optimizer.name, optimizer.lr, optimizer.momentum, optimizer.weight_decay))
+                tuple(plan.index.shape[1:]), (optimizer.name, optimizer.momentum, optimizer.weight_decay))
 
     def fits(self, plan: BatchPlan) -> bool:
         return plan.num_steps <= self.plan.num_steps
 
-    def load(self, members: list[Member], plan: BatchPlan, draws: Optional[StepDraws] = None) -> None:
-        """A new round's members, plan and draws into the same static tensors (the graph reads
-        them); the plan may be shorter than the buffers (the rest is never reached)."""
+    def load(self, members: list[Member], plan: BatchPlan, draws: Optional[StepDraws] = None,
+             lr: Optional[Sequence[float]] = None) -> None:
+        """A new round's members, plan, draws and learning rates into the same static tensors
+        (the graph reads them); the plan may be shorter than the buffers (the rest is never reached)."""
         device = self.x.device
         self.draws, self.host_plan = draws, plan
+        if lr is not None:
+            self.optimizer.lr.copy_(torch.tensor(lr, dtype=torch.float32))
         for static, new in zip(self.params, _stack([m.params for m in members], device)):
             static.copy_(new)
         if self.const_names:
@@ -262,8 +266,8 @@ class CohortTrainer:
         key = plugin.stack_key(task)
         if key is None or task.optimizer.name not in STACKED_OPTIMIZERS:
             return None
-        o = task.optimizer
-        return plugin, (task.kind, key, (o.name, o.lr, o.momentum, o.weight_decay))
+        o = task.optimizer  # each member steps with its own task's learning rate
+        return plugin, (task.kind, key, (o.name, o.momentum, o.weight_decay))
 
     def train(self, plugin: CohortPlugin, entries: Sequence[tuple], round_index: int, seeds: Sequence[int],
               epochs: Sequence[int], client_states: Sequence[dict],
@@ -279,15 +283,16 @@ class CohortTrainer:
                           self.ctx.federation.batch_size if batch_sizes is None else batch_sizes, epochs)
         member_plan = BatchPlan(plan.index[:, member_entry], plan.weight[:, member_entry], plan.active[:, member_entry],
                                 plan.last_epoch[:, member_entry], plan.steps, plan.last_epoch_batches)
-        optimizer = entries[0][0].optimizer
+        optimizer = entries[0][0].optimizer  # its name, momentum and weight decay: the cohort's (plugin_for)
+        lr = [entries[k][0].optimizer.lr for k in member_entry]
         draws = plugin.step_draws(self.ctx, [task for task, _ in entries], list(seeds), member_entry)
         key = (id(plugin), CohortRunner.shape_key(members, member_plan, optimizer))
         runner = self._runners.pop(key, None)
         if runner is not None and runner.fits(member_plan):
-            runner.load(members, member_plan, draws)
+            runner.load(members, member_plan, draws, lr)
         else:
             runner = CohortRunner(self.ctx.template, plugin, members, member_plan, self.ctx.x, self.ctx.y, optimizer,
-                                  self.ctx.trainer.cuda_graph, draws)
+                                  self.ctx.trainer.cuda_graph, draws, lr)
         if runner.use_graph:  # a graph is worth keeping (most recently used last); an eager runner is cheap
             self._runners[key] = runner
             while len(self._runners) > self.MAX_GRAPHS:

@@ -2,14 +2,15 @@
 
 The arithmetic is ``torch.optim.SGD``'s and ``torch.optim.Adam``'s (L2 weight decay added
 to the gradient; SGD's momentum buffer starting at the first gradient; Adam's bias
-correction with each member's own step count), applied to all members at once. A member
+correction with each member's own step count), applied to all members at once, each member
+with its own learning rate (the runs of a stacked sweep may differ in it). A member
 whose mask is 0 in a step keeps its parameters and its state exactly: it takes the steps it
 would take alone, no more. Every update is in place, so a CUDA graph can capture it.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -26,15 +27,21 @@ def _per_member(mask: Tensor, like: Tensor) -> Tensor:
 
 
 class StackedOptimizer:
-    """``step(params, grads, mask)`` updates every member whose mask is 1."""
+    """``step(params, grads, mask)`` updates every member whose mask is 1; ``lr``: each
+    member's learning rate (default: ``cfg.lr`` for all), a tensor a later round may overwrite."""
 
-    def __init__(self, cfg: OptimizerConfig, params: Sequence[Tensor]) -> None:
-        if cfg.lr <= 0:
-            raise ValueError(f"optimizer.lr={cfg.lr} must be > 0")
+    def __init__(self, cfg: OptimizerConfig, params: Sequence[Tensor], lr: Optional[Sequence[float]] = None) -> None:
+        members = params[0].shape[0]
+        rates = [cfg.lr] * members if lr is None else list(lr)
+        if len(rates) != members:
+            raise ValueError(f"{len(rates)} learning rates for {members} members")
+        for rate in rates:
+            if rate <= 0:
+                raise ValueError(f"optimizer.lr={rate} must be > 0")
         if cfg.name not in ("sgd", "adam"):
             raise ValueError(f"optimizer.name={cfg.name!r} is unknown; choose sgd or adam")
         self.cfg = cfg
-        members = params[0].shape[0]
+        self.lr = torch.tensor(rates, dtype=torch.float32, device=params[0].device)
         self.state: dict[str, list[Tensor]] = {}
         if cfg.name == "sgd" and cfg.momentum:
             self.state["momentum"] = [torch.zeros_like(p) for p in params]
@@ -59,7 +66,7 @@ class StackedOptimizer:
                     buf.copy_(torch.where(_per_member(mask, buf) > 0, buf * cfg.momentum + g, buf))
                 grads = self.state["momentum"]
             for p, g in zip(params, grads):
-                p.sub_(cfg.lr * _per_member(mask, p) * g)
+                p.sub_(_per_member(self.lr * mask, p) * g)
             return
         beta1, beta2 = ADAM_BETAS
         step = self.state["step"][0]
@@ -73,5 +80,5 @@ class StackedOptimizer:
             m.copy_(torch.where(on, m * beta1 + (1 - beta1) * g, m))
             v.copy_(torch.where(on, v * beta2 + (1 - beta2) * g * g, v))
             denom = v.sqrt() / _per_member(bias2_sqrt, p) + ADAM_EPS
-            update = (cfg.lr / _per_member(bias1, p)) * m / denom
+            update = _per_member(self.lr / bias1, p) * m / denom
             p.sub_(torch.where(on, update, torch.zeros_like(update)))
