@@ -201,6 +201,10 @@ class FederationConfig:
             FloatingPointError; ``stop`` ends it there as a result, the way a study records
             a diverged seed: summary.json gets ``diverged`` (the round and the clients'
             reasons), no final accuracy, and the history of the rounds before.
+        train_accuracy_samples: also score the global model after every round on this many
+            of the clients' pooled training samples (a fixed subsample drawn once from the
+            seed; ``train/accuracy``): the FedOVA journal's Table II reads as training accuracy
+            (callbacks/training_accuracy.py); 0: off.
     """
 
     rounds: int = 100
@@ -214,6 +218,7 @@ class FederationConfig:
     client_timeout: Optional[float] = None
     per_client_eval: bool = False
     on_divergence: Literal["error", "stop"] = "error"
+    train_accuracy_samples: int = 0
 
 
 @dataclass

@@ -16,6 +16,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from fl_lightning.callbacks import Checkpointing, ConsoleProgress, FederatedCallback, MetricsLogger, PartitionStatistics
 from fl_lightning.callbacks.logging import progress_mode
+from fl_lightning.callbacks.training_accuracy import TrainingAccuracy
 from fl_lightning.checkpoint import load_checkpoint
 from fl_lightning.client import ClientContext, ClientExecutor, resolve_accelerator
 from fl_lightning.client_journal import ClientJournal, JournaledExecutor
@@ -38,10 +39,12 @@ GPU_EVAL_BATCH = 5000  # a GPU evaluates the test set in two launches per model 
 # Settings that may differ between a checkpoint and the run resuming it.
 _RESUMABLE_CHANGES = {"federation.rounds", "run", "trainer", "data.root", "data.offline_roots", "data.idx_gz_dir",
                       "data.mirror", "data.download", "data.speech_commands_dir", "data.fsdd_dir", "federation.eval_every",
-                      "ckpt_path", "federation.per_client_eval", "federation.on_divergence"}
+                      "ckpt_path", "federation.per_client_eval", "federation.on_divergence",
+                      "federation.train_accuracy_samples"}
 # Settings added after checkpoints were written: a checkpoint without one matches its default.
 _ADDED_SETTINGS = {"model.hidden_units": 0, "optimizer.history": 10, "optimizer.damping": 1e-3,
-                   "optimizer.max_step_norm": None, "federation.on_divergence": "error"}
+                   "optimizer.max_step_norm": None, "federation.on_divergence": "error",
+                   "federation.train_accuracy_samples": 0}
 
 
 class Federation:
@@ -86,6 +89,7 @@ class Federation:
     def _validate(self) -> None:
         f = self.federation
         for key, value, low in (("rounds", f.rounds, 0), ("local_epochs", f.local_epochs, 1), ("eval_every", f.eval_every, 1),
+                                ("train_accuracy_samples", f.train_accuracy_samples, 0),
                                 ("final_window", f.final_window, 1), ("min_clients", f.min_clients, 1),
                                 ("round_retries", f.round_retries, 0)):
             if value < low:
@@ -153,7 +157,10 @@ class Federation:
                                 str(self.run_dir), tuple(d.train_x.shape[1:]), d.pixel_mean, d.pixel_std)
         self.strategy.setup(self.template, d.num_classes, self.optimizer, stacking, context)
         # the algorithm's own server steps run first after the clients return (aggregation, clustering)
-        self.callbacks = [*self.strategy.configure_callbacks(), *self.callbacks]
+        own = self.strategy.configure_callbacks()
+        if self.federation.train_accuracy_samples and not any(isinstance(cb, TrainingAccuracy) for cb in own):
+            own.append(TrainingAccuracy(self.federation.train_accuracy_samples))  # after the new global model exists
+        self.callbacks = [*own, *self.callbacks]
         init_gen = torch.Generator().manual_seed(self.seed)
         self.state = self.strategy.initial_state(init_gen)
         self.sampler = torch.Generator().manual_seed(self.seed + 1)

@@ -78,6 +78,7 @@ class Cell:
     budget_runs: str = ""   # runs at the paper's budget with fewer seeds: shown beside, not in the mean
     reading: str = ""       # which reading of the paper the runs follow (code | text; docs/reproduction_readings.md)
     gap: str = ""           # a cell outside 3 points: its measured cause (budget | reading | the paper's figure), with the evidence
+    reading_of: str = ""    # id of the paper cell this row reads another way (e.g. on another data set): never a cell of its own
     extra: dict = field(default_factory=dict)  # keys other tools keep in the cell
     records: list[RunRecord] = field(default_factory=list)
     budget_records: list[RunRecord] = field(default_factory=list)
@@ -161,6 +162,8 @@ def load_cells(spec: str | Path) -> list[Cell]:
     for cell in cells:
         if cell.target_of and cell.target_of not in ids:
             raise ValueError(f"{spec}: cell {cell.id!r}: target_of {cell.target_of!r} is not a cell id")
+        if cell.reading_of and cell.reading_of not in ids:
+            raise ValueError(f"{spec}: cell {cell.id!r}: reading_of {cell.reading_of!r} is not a cell id")
     return cells
 
 
@@ -315,10 +318,12 @@ def _named(cell: Cell) -> str:
 def default_reading(cells: list[Cell]) -> list[Cell]:
     """The rows that stand for their paper cell under the rule for readings (cells.yaml's
     header): of the rows of one cell (paper, data, setting, method), the code reading's where
-    there is one, else every row (a cell read one way only)."""
+    there is one, else every row (a cell read one way only); a row that reads another cell
+    (``reading_of``) never stands for one."""
     groups: dict[tuple, list[Cell]] = {}
     for cell in cells:
-        groups.setdefault((cell.paper, cell.data, cell.setting, cell.method), []).append(cell)
+        if not cell.reading_of:
+            groups.setdefault((cell.paper, cell.data, cell.setting, cell.method), []).append(cell)
     chosen = {id(c) for own in groups.values() for c in ([c for c in own if c.reading == "code"] or own)}
     return [c for c in cells if id(c) in chosen]
 

@@ -326,3 +326,18 @@ def test_fimlbfgs_logs_training_accuracy_of_the_new_model_each_round(tmp_path):
     assert all(a * 50 == pytest.approx(round(a * 50)) for a in _history(sub, "train/accuracy"))  # of 50 samples
     off = main(["fit", *tiny_args(tmp_path / "off", *algo[:-1], "0")])
     assert all("train/accuracy" not in m for m in off["history"])
+
+
+def test_every_table_ii_method_can_log_training_accuracy(tmp_path):
+    # federation.train_accuracy_samples: FedAvg (and any algorithm) scores its new global model on
+    # the pooled training data each round, as the server-side FIM-L-BFGS does with its own setting
+    from fl_lightning.settings import build_federation
+
+    args = ("--federation.rounds", "2", "--algorithm", "FedAvg", "--federation.train_accuracy_samples", "1000000")
+    summary = main(["fit", *tiny_args(tmp_path / "fedavg", *args)])
+    _, _, federation = build_federation(["fit", *tiny_args(tmp_path / "check", *args)], callbacks=[])
+    federation.setup()
+    federation.state = load_checkpoint(tmp_path / "fedavg" / "checkpoints" / "last.ckpt")["state"]
+    assert len(_history(summary, "train/accuracy")) == 2
+    assert _history(summary, "train/accuracy")[-1] == pytest.approx(federation.evaluate("train")["train/accuracy"])
+    assert all("train/accuracy" not in m for m in main(["fit", *tiny_args(tmp_path / "off", *args[:4])])["history"])

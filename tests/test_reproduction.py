@@ -266,6 +266,20 @@ def test_each_row_names_its_reading_after_the_method(tmp_path):
         "- **P**: 1 of 2 cells run, 1 within 3 points of the paper; the other readings' rows: 1 of 1 run, 0 within.\n")
 
 
+def test_a_row_reading_another_cell_is_counted_beside_it_never_as_a_cell(tmp_path):
+    fake_run(tmp_path / "runs" / "f" / "seed0", [0.90], 0)
+    fake_run(tmp_path / "runs" / "m" / "seed0", [0.98], 0)
+    path = spec(tmp_path, """
+  - {id: f, paper: P, data: FMNIST, setting: IID, method: M, paper_value: 98.0, paper_protocol: x, runs: runs/f,
+     gap: "paper: beyond this network on FMNIST"}
+  - {id: m, reading: "MNIST", reading_of: f, paper: P, data: MNIST, setting: IID, method: M, paper_value: 98.0,
+     paper_protocol: x, runs: runs/m}
+""")
+
+    assert reproduction.summary(reproduction.load_cells(path)) == (
+        "- **P**: 1 of 1 cells run, 0 within 3 points of the paper; the other readings' rows: 1 of 1 run, 1 within.\n")
+
+
 def test_a_cell_outside_shows_its_measured_cause(tmp_path):
     fake_run(tmp_path / "runs" / "m" / "seed0", [0.60], 0)
     path = spec(tmp_path, """
