@@ -172,6 +172,9 @@ class Stack:
                 self._cond.notify_all()
             for thread in threads:
                 thread.join()
+            stopped = [(run.name, run.error) for run in self.runs if isinstance(run.error, RunInterrupted)]
+            stop.where = f"with {len(stopped)} stacked runs unfinished"
+            stop.kept = [f"{name}: {error.where}, kept {', '.join(error.kept) or 'nothing yet'}" for name, error in stopped]
             raise
         for thread in threads:
             thread.join()

@@ -159,8 +159,10 @@ def test_an_interrupt_in_the_middle_of_a_stacked_grid_loses_no_finished_round(tm
         return real_train(self, *a, **kw)
 
     monkeypatch.setattr(engine.CohortTrainer, "train", interrupted_in_round_2)
-    with pytest.raises(RunInterrupted):
+    with pytest.raises(RunInterrupted) as stopped:
         run(file, tmp_path / "stacked", *args)
+    assert stopped.value.where == "with 4 stacked runs unfinished"  # the line the CLI prints names each run
+    assert all("in round 2 of 3, training clients, kept the checkpoint of round 1" in k for k in stopped.value.kept)
     runs = sorted((tmp_path / "stacked" / "grid").iterdir())
     assert len(runs) == 4
     assert all(load_checkpoint(r / "checkpoints" / "last.ckpt")["round"] == 1 for r in runs)
