@@ -37,3 +37,13 @@ def weighted_mean(per_sample: Tensor, weight: Tensor) -> Tensor:
     """The mean over a batch's real samples (padding has weight 0): equal to the plain mean
     of the unpadded batch, which is what the member would compute alone."""
     return (per_sample * weight).sum() / weight.sum().clamp(min=1)
+
+
+def replace_layers(network: nn.Module, chosen: Callable[[nn.Module], bool],
+                   make: Callable[[str, nn.Module], nn.Module]) -> None:
+    """Swaps (in place) every submodule of ``network`` that is ``chosen`` for ``make(its dotted
+    name, it)``, e.g. batch norm and dropout layers for ones that read a step's inputs."""
+    for name, module in list(network.named_modules()):
+        if name and chosen(module):
+            parent, _, child = name.rpartition(".")
+            setattr(network.get_submodule(parent), child, make(name, module))

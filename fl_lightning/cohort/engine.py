@@ -6,10 +6,12 @@ runs ``vmap(grad(member loss))`` over all members, each on a batch of its own cl
 (``plan.BatchPlan``), then the per-member optimizer (``optim.StackedOptimizer``); members
 whose local training has ended are masked. A loss that is random at every step reads its
 draws (``members.StepDraws``) from device buffers filled a window of steps at a time, so
-the step has static shapes too. On a GPU the step is captured once in a CUDA graph and
-replayed (shapes are static within a round; a cohort of the same shapes in a later round
-reuses the graph) while the host draws the next window, and the data stay on the device: a
-round costs the arithmetic.
+the step has static shapes too. Batch norm's running statistics are per-member state that
+the step carries (``batch_norm``: statistics of each member's real samples only) and dropout's
+masks are draws like any other (``dropout``), so networks with both stack too. On a GPU the
+step is captured once in a CUDA graph and replayed (shapes are static within a round; a
+cohort of the same shapes in a later round reuses the graph) while the host draws the next
+window, and the data stay on the device: a round costs the arithmetic.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ import torch
 from torch import Tensor, nn
 from torch.func import grad_and_value, vmap
 
+from fl_lightning.cohort.batch_norm import (STATISTICS, has_batch_norm, normalisable, padded_batch_norm,
+                                            statistics_names)
+from fl_lightning.cohort.dropout import DropoutMasks, drawn_dropout, dropout_layers, has_other_dropout
 from fl_lightning.cohort.members import CohortPlugin, Member, StepDraws
-from fl_lightning.cohort.optim import STACKED_OPTIMIZERS, StackedOptimizer
-from fl_lightning.cohort.plan import BatchPlan, build_plan
+from fl_lightning.cohort.optim import STACKED_OPTIMIZERS, StackedOptimizer, per_member
+from fl_lightning.cohort.plan import BatchPlan, build_plan, without_steps
 from fl_lightning.config import OptimizerConfig
 from fl_lightning.functional import functional_forward
 
@@ -35,9 +40,19 @@ def _stack(dicts: Sequence[dict[str, Tensor]], device) -> list[Tensor]:
                                                    else dicts[0][n].dtype) for n in names]
 
 
+def stacks(network: nn.Module, plugin: CohortPlugin) -> bool:
+    """Whether ``network`` can train in a cohort with ``plugin``'s loss: its only buffers are batch
+    norm's running statistics, its only dropout nn.Dropout, and with either the plug-in's loss
+    allows them (``CohortPlugin.batch_norm_and_dropout``)."""
+    if {n for n, _ in network.named_buffers()} - set(statistics_names(network)) or has_other_dropout(network):
+        return False
+    with_state = has_batch_norm(network) or any(isinstance(m, nn.Dropout) for m in network.modules())
+    return plugin.batch_norm_and_dropout or not with_state
+
+
 class CohortRunner:
-    """The static tensors of one cohort shape (parameters, optimizer state, batch plan, draw
-    buffers) and its training step, eager or replayed from a captured CUDA graph."""
+    """The static tensors of one cohort shape (parameters, running statistics, optimizer state,
+    batch plan, draw buffers) and its training step, eager or replayed from a captured CUDA graph."""
 
     WARMUP_STEPS = 3  # eager steps on a side stream before capture (cuDNN/cuBLAS set-up)
     DRAW_WINDOW = 256  # steps of random draws per buffer fill (FedOV, 10 members, B = 64: 5 MB)
@@ -47,9 +62,13 @@ class CohortRunner:
                  draws: Optional[StepDraws] = None, lr: Optional[Sequence[float]] = None) -> None:
         device = x.device
         self.x, self.y, self.plugin, self.draws = x, y, plugin, draws
-        self.names = list(members[0].params)
+        self.state_names = list(members[0].params)  # the members' state-dict order, for the result
+        statistics = set(statistics_names(template))
+        self.names = [n for n in self.state_names if n not in statistics]
+        self.statistics_names = [n for n in self.state_names if n in statistics]
         self.const_names = list(members[0].consts)
-        self.params = _stack([m.params for m in members], device)
+        self.params = _stack([{n: m.params[n] for n in self.names} for m in members], device)
+        self.statistics = _stack([{n: m.params[n] for n in self.statistics_names} for m in members], device)
         self.consts = _stack([m.consts for m in members], device) if self.const_names else []
         self.offsets = (_stack([m.grad_offset for m in members], device) if members[0].grad_offset is not None
                         else None)
@@ -65,14 +84,28 @@ class CohortRunner:
         self.draw_buffers: dict[str, Tensor] = {}
         self.draw_position = torch.zeros(1, dtype=torch.long, device=device)
         self.draw_names: list[str] = []  # set by the first fill (run), before any step reads them
-        forward = functional_forward(copy.deepcopy(template).to("meta"))  # lends its code; its tensors cost nothing
+        network = copy.deepcopy(template).to("meta").train()  # lends its code; its tensors cost nothing
+        self.dropout_names = set(dropout_layers(network, tuple(x.shape[1:])))
+        batch_norm, masks = padded_batch_norm(network), drawn_dropout(network)
+        layers = [n[:-len(".running_mean")] for n in self.statistics_names if n.endswith(".running_mean")]
+        forward = functional_forward(network)
 
-        def member_loss(params, consts, xb, yb, wb, drawn):
+        def member_loss(params, consts, statistics, xb, yb, wb, drawn):
             static = self.draws.static if self.draws is not None else {}
-            return plugin.loss(forward, dict(zip(self.names, params)), dict(zip(self.const_names, consts)), xb, yb, wb,
-                               **static, **dict(zip(self.draw_names, drawn)))
+            inputs = dict(zip(self.draw_names, drawn))
+            running = dict(zip(self.statistics_names, statistics))
+            batch_norm.weight = wb
+            batch_norm.running = {layer: tuple(running[f"{layer}.{s}"] for s in STATISTICS) for layer in layers}
+            masks.masks = {n: inputs.pop(n) for n in self.dropout_names}
+            try:
+                loss = plugin.loss(forward, dict(zip(self.names, params)), dict(zip(self.const_names, consts)), xb,
+                                   yb, wb, **static, **inputs)
+                updated = tuple(t for layer in layers for t in batch_norm.running[layer])
+            finally:  # the step's tensors live inside vmap: none may outlive it
+                batch_norm.weight, batch_norm.running, masks.masks = None, {}, None
+            return loss, updated
 
-        self.grad_fn = vmap(grad_and_value(member_loss))
+        self.grad_fn = vmap(grad_and_value(member_loss, has_aux=True))
 
     @staticmethod
     def shape_key(members: list[Member], plan: BatchPlan, optimizer: OptimizerConfig) -> tuple:
@@ -94,7 +127,10 @@ class CohortRunner:
         self.draws, self.host_plan = draws, plan
         if lr is not None:
             self.optimizer.lr.copy_(torch.tensor(lr, dtype=torch.float32))
-        for static, new in zip(self.params, _stack([m.params for m in members], device)):
+        for static, new in zip(self.params, _stack([{n: m.params[n] for n in self.names} for m in members], device)):
+            static.copy_(new)
+        for static, new in zip(self.statistics, _stack([{n: m.params[n] for n in self.statistics_names}
+                                                        for m in members], device)):
             static.copy_(new)
         if self.const_names:
             for static, new in zip(self.consts, _stack([m.consts for m in members], device)):
@@ -135,7 +171,10 @@ class CohortRunner:
         active = self.plan.active.index_select(0, s).squeeze(0)
         xb, yb = self.x[index], self.y[index]
         drawn = tuple(self.draw_buffers[n].index_select(0, self.draw_position).squeeze(0) for n in self.draw_names)
-        grads, losses = self.grad_fn(tuple(self.params), tuple(self.consts), xb, yb, weight, drawn)
+        grads, (losses, statistics) = self.grad_fn(tuple(self.params), tuple(self.consts), tuple(self.statistics), xb,
+                                                   yb, weight, drawn)
+        for static, new in zip(self.statistics, statistics):  # a member that does not step keeps its own
+            static.copy_(torch.where(per_member(active, static) > 0, new.to(static.dtype), static))
         if self.offsets is not None:
             grads = [g + o for g, o in zip(grads, self.offsets)]
         self.optimizer.step(self.params, [g.float() for g in grads], active)
@@ -174,7 +213,8 @@ class CohortRunner:
             self.run_window(start, count, autocast)
 
     def _capture(self, autocast: Callable) -> None:
-        state = self.params + self.optimizer.tensors() + [self.counter, self.loss_sum, self.draw_position]
+        state = (self.params + self.statistics + self.optimizer.tensors()
+                 + [self.counter, self.loss_sum, self.draw_position])
         saved = [t.clone() for t in state]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -191,13 +231,16 @@ class CohortRunner:
                 self.step()
 
     def member_params(self) -> list[dict[str, Tensor]]:
-        cpu = [p.detach().cpu() for p in self.params]
-        return [{n: t[m].clone() for n, t in zip(self.names, cpu)} for m in range(cpu[0].shape[0])]
+        """Each member's state dict: its parameters and running statistics, in its own order."""
+        cpu = dict(zip(self.names + self.statistics_names, [t.detach().cpu() for t in self.params + self.statistics]))
+        return [{n: cpu[n][m].clone() for n in self.state_names} for m in range(self.params[0].shape[0])]
 
     def member_losses(self, streams: list[int]) -> list[float]:
-        """Each member's mean loss over its last epoch's batches."""
+        """Each member's mean loss over its last epoch's batches (NaN without any: a per-client fit
+        that records no loss reports NaN too)."""
         sums = self.loss_sum.cpu().tolist()
-        return [s / max(self.plan.last_epoch_batches[k], 1) for s, k in zip(sums, streams)]
+        return [s / self.plan.last_epoch_batches[k] if self.plan.last_epoch_batches[k] else float("nan")
+                for s, k in zip(sums, streams)]
 
 
 class StepWindows:
@@ -261,8 +304,8 @@ class CohortTrainer:
         from fl_lightning.plugins import client_plugin
 
         plugin = client_plugin(task.kind).cohort
-        if plugin is None or any(True for _ in self.ctx.template.buffers()):
-            return None  # batch norm's running statistics are not vectorised: per client
+        if plugin is None or not stacks(plugin.network(self.ctx, task), plugin):
+            return None
         key = plugin.stack_key(task)
         if key is None or task.optimizer.name not in STACKED_OPTIMIZERS:
             return None
@@ -281,17 +324,24 @@ class CohortTrainer:
             member_entry += [k] * len(own)
         plan = build_plan([torch.from_numpy(np.asarray(idx)) for _, idx in entries], seeds,
                           self.ctx.federation.batch_size if batch_sizes is None else batch_sizes, epochs)
+        network = plugin.network(self.ctx, entries[0][0])  # one stack key: one architecture
+        if has_batch_norm(network):  # a lone sample: skipped, as MultiClassClassifier skips it
+            plan = without_steps(plan, ~normalisable(plan.weight.sum(-1)))
         member_plan = BatchPlan(plan.index[:, member_entry], plan.weight[:, member_entry], plan.active[:, member_entry],
                                 plan.last_epoch[:, member_entry], plan.steps, plan.last_epoch_batches)
         optimizer = entries[0][0].optimizer  # its name, momentum and weight decay: the cohort's (plugin_for)
         lr = [entries[k][0].optimizer.lr for k in member_entry]
         draws = plugin.step_draws(self.ctx, [task for task, _ in entries], list(seeds), member_entry)
+        layers = dropout_layers(network, tuple(self.ctx.x.shape[1:]))
+        if layers:  # each member drops what its client alone drops
+            masks = [DropoutMasks(layers, seeds[k]) for k in member_entry]
+            draws = StepDraws(masks) if draws is None else draws.joined(masks)
         key = (id(plugin), CohortRunner.shape_key(members, member_plan, optimizer))
         runner = self._runners.pop(key, None)
         if runner is not None and runner.fits(member_plan):
             runner.load(members, member_plan, draws, lr)
         else:
-            runner = CohortRunner(self.ctx.template, plugin, members, member_plan, self.ctx.x, self.ctx.y, optimizer,
+            runner = CohortRunner(network, plugin, members, member_plan, self.ctx.x, self.ctx.y, optimizer,
                                   self.ctx.trainer.cuda_graph, draws, lr)
         if runner.use_graph:  # a graph is worth keeping (most recently used last); an eager runner is cheap
             self._runners[key] = runner

@@ -7,7 +7,9 @@ the engine vectorises over members: the algorithm's one objective, which its Lig
 calls too) and turns the trained members back into the client's result; a loss that draws
 random numbers every step (FedOV's outliers) also gives the ``StepDraws`` that draw them for
 each member from its client's own generators. The engine knows no algorithm: it only calls
-these methods.
+these methods. What belongs to the network rather than the loss (batch norm's running
+statistics, dropout's masks) the engine handles itself, for a plug-in that says its loss may
+run such a network (``batch_norm_and_dropout``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Hashable, Optional, Protocol, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from fl_lightning.functional import Forward, weighted_mean  # noqa: F401 (the plug-ins' vocabulary)
 from fl_lightning.messages import ClientResult, ClientTask
@@ -27,6 +29,8 @@ from fl_lightning.messages import ClientResult, ClientTask
 class Member:
     """One model trained in a cohort, on the data stream of its task's client."""
 
+    #: its network's state-dict entries: the parameters the loss differentiates and, with batch
+    #: norm, the running statistics the engine carries from step to step (``result`` gets both back)
     params: dict[str, Tensor]
     #: tensors its loss reads besides the batch (a detector's class, FedProx's starting point);
     #: the same keys for every member of one cohort
@@ -36,6 +40,15 @@ class Member:
 
 
 class CohortPlugin(ABC):
+    #: whether ``loss`` may run a network with batch norm or dropout: it calls ``forward`` on the
+    #: batch ``x`` alone (batch norm's statistics are those of the batch's real samples, and each
+    #: dropout layer applies the member's drawn masks row by row); False: such tasks train per client
+    batch_norm_and_dropout: bool = False
+
+    def network(self, ctx, task: ClientTask) -> nn.Module:
+        """The architecture ``task`` trains (only its code and shapes are used): the run's by default."""
+        return ctx.template
+
     @abstractmethod
     def stack_key(self, task: ClientTask) -> Optional[Hashable]:
         """Tasks with equal keys train in one cohort; None: this task trains per client."""
@@ -86,6 +99,10 @@ class StepDraws:
     def __init__(self, sources: Sequence[DrawSource], static: Optional[dict] = None) -> None:
         self.sources, self.static = list(sources), dict(static or {})
 
+    def joined(self, sources: Sequence[DrawSource]) -> "StepDraws":
+        """These draws and ``sources[m]``'s for every member m (names of their own, e.g. dropout masks)."""
+        return StepDraws([JointSource(own, more) for own, more in zip(self.sources, sources)], self.static)
+
     def window(self, start: int, weight: Tensor, active: Tensor) -> dict[str, Tensor]:
         """Steps start .. start + len(weight) - 1 for every member: tensors (steps, members, ...).
         ``weight`` (steps, members, B) on the CPU: each member's real samples; ``active`` (steps,
@@ -106,3 +123,16 @@ class StepDraws:
             raise ValueError(f"no member steps in steps {start}..{start + steps - 1}")
         return {k: torch.stack([torch.stack([(d if d is not None else blank)[k] for d in row]) for row in rows])
                 for k in blank}
+
+
+class JointSource:
+    """Two sources of one member drawn together, step after step: their draws under their own names."""
+
+    def __init__(self, first: DrawSource, second: DrawSource) -> None:
+        self.first, self.second = first, second
+
+    def take(self, step: int, n: int, width: int) -> dict[str, Tensor]:
+        first, second = self.first.take(step, n, width), self.second.take(step, n, width)
+        if set(first) & set(second):
+            raise ValueError(f"two draw sources of one member both draw {sorted(set(first) & set(second))}")
+        return {**first, **second}

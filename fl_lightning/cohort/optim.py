@@ -22,7 +22,7 @@ ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as the per-client engi
 ADAM_EPS = 1e-8
 
 
-def _per_member(mask: Tensor, like: Tensor) -> Tensor:
+def per_member(mask: Tensor, like: Tensor) -> Tensor:
     return mask.view(-1, *([1] * (like.dim() - 1))).to(like.dtype)
 
 
@@ -63,10 +63,10 @@ class StackedOptimizer:
             if cfg.momentum:
                 for buf, g in zip(self.state["momentum"], grads):
                     # a zero buffer times momentum plus g is g: torch's first-step clone
-                    buf.copy_(torch.where(_per_member(mask, buf) > 0, buf * cfg.momentum + g, buf))
+                    buf.copy_(torch.where(per_member(mask, buf) > 0, buf * cfg.momentum + g, buf))
                 grads = self.state["momentum"]
             for p, g in zip(params, grads):
-                p.sub_(_per_member(self.lr * mask, p) * g)
+                p.sub_(per_member(self.lr * mask, p) * g)
             return
         beta1, beta2 = ADAM_BETAS
         step = self.state["step"][0]
@@ -76,9 +76,9 @@ class StackedOptimizer:
         bias1 = 1 - beta1 ** t
         bias2_sqrt = (1 - beta2 ** t).sqrt()
         for p, g, m, v in zip(params, grads, self.state["exp_avg"], self.state["exp_avg_sq"]):
-            on = _per_member(mask, p) > 0
+            on = per_member(mask, p) > 0
             m.copy_(torch.where(on, m * beta1 + (1 - beta1) * g, m))
             v.copy_(torch.where(on, v * beta2 + (1 - beta2) * g * g, v))
-            denom = v.sqrt() / _per_member(bias2_sqrt, p) + ADAM_EPS
-            update = _per_member(self.lr / bias1, p) * m / denom
+            denom = v.sqrt() / per_member(bias2_sqrt, p) + ADAM_EPS
+            update = per_member(self.lr / bias1, p) * m / denom
             p.sub_(torch.where(on, update, torch.zeros_like(update)))

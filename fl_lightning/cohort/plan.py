@@ -86,3 +86,17 @@ def build_plan(streams: Sequence[Tensor], seeds: Sequence[int], batch_size: int 
         steps.append(count)
         last_epoch_batches.append(per_epoch)
     return BatchPlan(index, weight, active, last_epoch, steps, last_epoch_batches)
+
+
+def without_steps(plan: BatchPlan, skipped: Tensor) -> BatchPlan:
+    """``plan`` where the streams do not step at the steps ``skipped[s, k]`` (a batch that batch
+    norm cannot normalise, which the per-client module skips too): the step changes nothing and
+    its loss is not among the last epoch's, but it still counts in ``steps``, as the per-client
+    engine counts it (Lightning calls the optimizer with no gradient, which leaves every
+    parameter and its state as they were). Steps at the end where no stream steps are dropped."""
+    keep = 1.0 - skipped.float()
+    active, last_epoch = plan.active * keep, plan.last_epoch * keep
+    stepping = torch.nonzero(active.sum(1) > 0).flatten()
+    end = int(stepping[-1]) + 1 if len(stepping) else 0
+    return BatchPlan(plan.index[:end], plan.weight[:end], active[:end], last_epoch[:end], plan.steps,
+                     [int(n) for n in last_epoch.sum(0).tolist()])

@@ -9,6 +9,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fl_lightning.aggregation import scaffold_client_delta
+from fl_lightning.cohort.batch_norm import has_batch_norm, normalisable
+from fl_lightning.cohort.dropout import drawn_dropout
 from fl_lightning.cohort.members import CohortPlugin, Member
 from fl_lightning.config import OptimizerConfig
 from fl_lightning.functional import Forward, functional_forward, weighted_mean
@@ -67,7 +69,9 @@ class MultiClassClassifier(LocalLearner):
         # oneDNN convert every activation back and forth.
         self.network = network.to(memory_format=torch.channels_last)
         self.prox_mu = prox_mu
-        self._batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in network.modules())
+        self._batch_norm = has_batch_norm(network)
+        # dropout masks drawn from the client's generator (callbacks/dropout.py), as the cohort draws them
+        self.dropout = drawn_dropout(self.network)
         self.functional = functional_forward(self.network)
         if control is not None:
             names = {name for name, _ in self.network.named_parameters()}
@@ -87,6 +91,10 @@ class MultiClassClassifier(LocalLearner):
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
 
+    def trains_on(self, samples: int) -> bool:
+        """Whether a batch of ``samples`` is trained on (not skipped)."""
+        return not self._batch_norm or bool(normalisable(samples))
+
     def configure_optimizers(self):
         if self.optimizer_cfg.name != "fim_lbfgs":
             return super().configure_optimizers()
@@ -98,7 +106,7 @@ class MultiClassClassifier(LocalLearner):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        if len(x) < 2 and self._batch_norm:
+        if not self.trains_on(len(x)):
             return None  # batch norm cannot normalise a lone sample: skip it, as drop_last would
         if not self.automatic_optimization:
             return self._fim_lbfgs_step(x, y)
@@ -193,17 +201,24 @@ def feddane_correction(task: ClientTask, client_state: dict[str, Tensor]) -> Opt
                        "FedDANE (global and local gradients)")
 
 
-def client_network(ctx, task: ClientTask) -> nn.Module:
-    """The run's architecture, or the task's own (by name), holding the task's parameters."""
-    import copy
-
+def task_architecture(ctx, task: ClientTask, device: str = "meta") -> nn.Module:
+    """The architecture ``task`` trains: the run's (``ctx.template`` itself), or the task's own
+    by name (ATHENA-FL's probe), built on ``device`` (meta: its code and shapes, no arithmetic)."""
     from fl_lightning.models import build_architecture
 
     name = task.settings.get("architecture")
     if name is None:
-        network = copy.deepcopy(ctx.template)
-    else:
-        network = build_architecture(name, ctx.x.shape[1], tuple(ctx.x.shape[2:]), task.settings["num_outputs"])
+        return ctx.template
+    with torch.device(device):
+        return build_architecture(name, ctx.x.shape[1], tuple(ctx.x.shape[2:]), task.settings["num_outputs"])
+
+
+def client_network(ctx, task: ClientTask) -> nn.Module:
+    """The run's architecture, or the task's own (by name), holding the task's parameters."""
+    import copy
+
+    network = task_architecture(ctx, task, device="cpu")
+    network = copy.deepcopy(network) if network is ctx.template else network
     network.load_state_dict(task.params)
     return network
 
@@ -227,6 +242,11 @@ class ClassifierClient(ClientPlugin):
                                     control=scaffold_correction(task, client_state),
                                     linear=feddane_correction(task, client_state))
 
+    def fit_callbacks(self, ctx, task, seed):
+        from fl_lightning.callbacks.dropout import DropoutDraws
+
+        return [DropoutDraws(seed, tuple(ctx.x.shape[1:]))]
+
     def result(self, task, module, num_samples, steps, loss, client_state):
         params = module.flat_state()
         payload, kept = scaffold_client_state(task, client_state, params, steps)
@@ -238,12 +258,19 @@ class ClassifierClient(ClientPlugin):
 class ClassifierCohort(CohortPlugin):
     """The FedAvg family's client in the cohort engine: one member per client, trained by
     ``classifier_objective`` (``MultiClassClassifier``'s own loss) with SCAFFOLD's c - c_i added
-    to every gradient (as the module adds it before each optimizer step)."""
+    to every gradient (as the module adds it before each optimizer step). Its loss runs the
+    network on the batch alone, so networks with batch norm and dropout (MobileNet: the
+    FedAvg-MobileNet baseline, ATHENA-FL's probe) stack too."""
+
+    batch_norm_and_dropout = True
+
+    def network(self, ctx, task):
+        return task_architecture(ctx, task)
 
     def stack_key(self, task):
-        if task.settings.get("architecture") is not None:  # another architecture than the run's (ATHENA-FL's probe)
-            return None
-        return ("prox" if task.settings.get("prox_mu") else "",
+        # another architecture than the run's (ATHENA-FL's probe) stacks with its own kind only
+        return (task.settings.get("architecture"), task.settings.get("num_outputs"),
+                "prox" if task.settings.get("prox_mu") else "",
                 "linear" if prefixed(task.payload, GLOBAL_GRADIENT) else "",
                 "control" if prefixed(task.payload, CONTROL) else "")
 
