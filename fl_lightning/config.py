@@ -205,6 +205,17 @@ class FederationConfig:
             of the clients' pooled training samples (a fixed subsample drawn once from the
             seed; ``train/accuracy``): the FedOVA journal's Table II reads as training accuracy
             (callbacks/training_accuracy.py); 0: off.
+        local_split: whose client data and client accuracy: ``none`` (the default; the ATHENA-FL
+            paper's text): clients train on their partition, and ``per_client_eval`` scores each
+            on the global test set weighted by its label proportions. ``athena_code`` (the
+            authors' code, fl_lightning/data/athena_local_split.py, docs/reproduction_readings.md):
+            every class of the training and of the test set quadrupled (flipped, rotated, noisy,
+            original), each client's slices of its classes from both pooled and cut 80/20; the
+            client trains on the 80 % and the global model's accuracy on each client's 20 % is
+            logged as ``test/client_accuracy_local`` (mean over all clients), ``_ci95`` (the
+            authors' 1.96 std / √10) and ``test/clients_evaluated_local``. The test set then
+            lies in the clients' training data, so ``test/accuracy`` is no held-out measure
+            either. Image sets only.
     """
 
     rounds: int = 100
@@ -219,6 +230,7 @@ class FederationConfig:
     per_client_eval: bool = False
     on_divergence: Literal["error", "stop"] = "error"
     train_accuracy_samples: int = 0
+    local_split: Literal["none", "athena_code"] = "none"
 
 
 @dataclass

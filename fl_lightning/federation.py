@@ -23,10 +23,11 @@ from fl_lightning.client_journal import ClientJournal, JournaledExecutor
 from fl_lightning.config import (DataConfig, FederationConfig, ModelConfig, OptimizerConfig, PartitionConfig,
                                  RunConfig, TrainerConfig, check_optimizer)
 from fl_lightning.data import load_dataset, partition_clients, partition_table
+from fl_lightning.data.athena_local_split import use_local_split
 from fl_lightning.data.preprocess import hold_out_validation, resize_images
 from fl_lightning.errors import RoundFailedError
 from fl_lightning.interrupts import RunInterrupted
-from fl_lightning.per_client_eval import client_accuracy_summary, per_client_metrics
+from fl_lightning.per_client_eval import client_accuracy_summary, local_split_metrics, per_client_metrics
 from fl_lightning.provenance import reproducibility_info
 from fl_lightning.run_dir import held_run, refuse_or_clear
 from fl_lightning.run_lock import run_dir_lock
@@ -36,6 +37,7 @@ from fl_lightning.strategy import sample_clients  # noqa: F401  (public: tests, 
 
 EVAL_BATCH = 500
 GPU_EVAL_BATCH = 5000  # a GPU evaluates the test set in two launches per model instead of twenty
+IMAGE_SETS = ("mnist", "fashion_mnist", "cifar10", "svhn")  # what federation.local_split=athena_code augments
 # Settings that may differ between a checkpoint and the run resuming it.
 _RESUMABLE_CHANGES = {"federation.rounds", "run", "trainer", "data.root", "data.offline_roots", "data.idx_gz_dir",
                       "data.mirror", "data.download", "data.speech_commands_dir", "data.fsdd_dir", "federation.eval_every",
@@ -44,7 +46,7 @@ _RESUMABLE_CHANGES = {"federation.rounds", "run", "trainer", "data.root", "data.
 # Settings added after checkpoints were written: a checkpoint without one matches its default.
 _ADDED_SETTINGS = {"model.hidden_units": 0, "optimizer.history": 10, "optimizer.damping": 1e-3,
                    "optimizer.max_step_norm": None, "federation.on_divergence": "error",
-                   "federation.train_accuracy_samples": 0}
+                   "federation.train_accuracy_samples": 0, "federation.local_split": "none"}
 
 
 class Federation:
@@ -98,6 +100,11 @@ class Federation:
             raise ValueError(f"federation.client_fraction={f.client_fraction} must lie in (0, 1]")
         if f.client_timeout is not None and f.client_timeout <= 0:
             raise ValueError(f"federation.client_timeout={f.client_timeout} must be > 0 (or unset)")
+        if f.local_split not in ("none", "athena_code"):
+            raise ValueError(f"federation.local_split={f.local_split!r} must be none or athena_code")
+        if f.local_split == "athena_code" and self.data_cfg.name not in IMAGE_SETS:
+            raise ValueError(f"federation.local_split=athena_code augments image pixels; "
+                             f"data.name={self.data_cfg.name} is not one of the image sets {IMAGE_SETS}")
         if f.batch_size < 0:
             raise ValueError(f"federation.batch_size={f.batch_size} must be >= 0 (0 = whole local set)")
         check_optimizer(self.optimizer)
@@ -121,13 +128,18 @@ class Federation:
     def setup(self) -> None:
         if self._data is not None:
             return
-        self._data = load_dataset(self.data_cfg)
+        self._data = d = load_dataset(self.data_cfg)
+        clients = partition_clients(d.train_y.numpy(), self.partition, self.seed)
+        #: federation.local_split=athena_code: each client's local test split (indices into the
+        #: training tensor, which then holds the clients' augmented pools)
+        self.local_test_indices: Optional[list[np.ndarray]] = None
+        if self.federation.local_split == "athena_code":  # on the stored images, before resizing (as the authors)
+            clients, self.local_test_indices = use_local_split(d, clients, self.seed)
         if self.data_cfg.image_size:
-            resize_images(self._data, self.data_cfg.image_size)
-        d = self._data
+            resize_images(d, self.data_cfg.image_size)
         self.train_labels = d.train_y.numpy()
         self.client_indices, self.client_val_indices = hold_out_validation(
-            partition_clients(self.train_labels, self.partition, self.seed), self.partition.validation_fraction, self.seed)
+            clients, self.partition.validation_fraction, self.seed)
         self.partition_counts = partition_table(self.train_labels, self.client_indices, d.num_classes)
         if self.strategy.uses_public_data:
             # FedDF/FedOV's protocol: the first half of the test set is unlabelled public
@@ -430,7 +442,23 @@ class Federation:
             out.update({f"{split}/{k}": v for k, v in per_client_metrics(
                 all_scores.argmax(1).cpu().numpy(), y.cpu().numpy(), self.client_label_counts()).items()})
         out.update({f"{split}/{k}": v for k, v in self.strategy.extra_metrics(state, x, y.to(self.device), all_scores).items()})
+        if split == "test" and self.local_test_indices is not None:
+            out.update({f"{split}/{k}": v for k, v in self.local_split_evaluation(state, size).items()})
         return out
+
+    def local_split_evaluation(self, state, batch: int) -> dict[str, float]:
+        """federation.local_split=athena_code: the global model on every client's local test
+        split (fl_lightning.per_client_eval.local_split_metrics)."""
+        indices = np.concatenate(self.local_test_indices)
+        owners = np.repeat(np.arange(len(self.local_test_indices)), [len(t) for t in self.local_test_indices])
+        index = torch.from_numpy(indices).to(self._data.train_x.device)
+        correct = []
+        for start in range(0, len(index), batch):
+            part = index[start:start + batch]
+            xb = self._data.train_x[part].to(self.device).contiguous(memory_format=torch.channels_last)
+            correct.append((self.strategy.predict_logits(state, xb).argmax(1) == self._data.train_y[part].to(self.device)).cpu())
+        hits = torch.cat(correct).numpy() if correct else np.zeros(0, dtype=bool)
+        return local_split_metrics(hits, owners, len(self.local_test_indices))
 
     # ---- results -------------------------------------------------------------------------
     def summary(self, wall_time: float) -> dict[str, Any]:

@@ -74,6 +74,27 @@ def per_client_metrics(predictions: Sequence[int], labels: Sequence[int], counts
             "clients_evaluated": s["clients"]}
 
 
+# the ATHENA-FL authors' interval (src/generate-figures/figure.py:88-89): numpy's std (ddof 0) over
+# the clients' accuracies, times 1.96, over √10 whatever the number of clients
+AUTHORS_Z, AUTHORS_SQRT_N = 1.96, 10 ** 0.5
+
+
+def local_split_metrics(correct: Sequence[bool], owners: Sequence[int], num_clients: int) -> dict[str, float]:
+    """``federation.local_split: athena_code``'s per-round metrics (without the split prefix):
+    each client's accuracy on its own local test split (its correct predictions over its
+    samples; ``owners`` gives each sample's client), the plain mean over the clients that have
+    one (client_accuracy_local), the authors' interval half width 1.96 · std / √10
+    (client_accuracy_local_ci95), the std (ddof 0) and clients_evaluated_local."""
+    correct, owners = np.asarray(correct, dtype=np.float64), np.asarray(owners, dtype=np.int64)
+    total = np.bincount(owners, minlength=num_clients)
+    hits = np.bincount(owners, weights=correct, minlength=num_clients)
+    acc = hits[total > 0] / total[total > 0]
+    mean = float(acc.mean()) if len(acc) else float("nan")
+    std = float(acc.std()) if len(acc) else float("nan")
+    return {"client_accuracy_local": mean, "client_accuracy_local_ci95": AUTHORS_Z * std / AUTHORS_SQRT_N,
+            "client_accuracy_local_std": std, "clients_evaluated_local": int(len(acc))}
+
+
 def client_accuracy_summary(history: Sequence[dict], final_window: int) -> dict | None:
     """summary.json's ``client_accuracy``, from the per-round metrics: the last evaluation's
     mean over clients and its 95 % interval (``round``, ``mean``, ``half_width``, ``low``,

@@ -51,6 +51,16 @@ def test_co_trained_detectors_equal_separately_trained_ones(setting, optimizer):
         assert not torch.equal(together.params[name][i], stacked[name][i])  # it did train
 
 
+
+def test_a_last_batch_of_one_sample_trains_every_detector(setting):
+    # 33 samples in batches of 32: the last holds one sample (ATHENA-FL's code reading gives
+    # clients local sets of any size); its (detectors, 1) logits keep their batch axis
+    ctx, stacked, indices = setting
+
+    result = train_client(ctx, detector_task(4, stacked, (0, 1, 2), OptimizerConfig("adam", lr=1e-3)), indices[:33], 1)
+
+    assert result.steps == 2 * 2 and np.isfinite(result.train_loss)
+
 def test_lightning_client_equals_a_plain_pytorch_loop(setting):
     ctx, stacked, indices = setting
     single = {k: v[:1] for k, v in stacked.items()}

@@ -67,9 +67,11 @@ class BinaryDetector(LocalLearner):
     def objective(self, x: Tensor, y: Tensor) -> Tensor:
         """The sum of the detectors' own losses: ``detector_objective`` on this module's stacked
         detectors (their parameters are the module's own, so the module is called directly:
-        functional_call would only swap in the same tensors)."""
-        return detector_objective(lambda params, inputs: self(inputs), dict(self.detectors.named_parameters()),
-                                  {"target": self.classes}, x, y, torch.ones(len(y), device=x.device))
+        functional_call would only swap in the same tensors). The stacked logits go in as (G, B, 1),
+        so that a batch of one sample keeps its batch axis."""
+        return detector_objective(lambda params, inputs: self.detectors(inputs),
+                                  dict(self.detectors.named_parameters()), {"target": self.classes}, x, y,
+                                  torch.ones(len(y), device=x.device))
 
     def configure_optimizers(self):
         if self.automatic_optimization:
