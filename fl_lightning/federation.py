@@ -23,7 +23,7 @@ from fl_lightning.client_journal import ClientJournal, JournaledExecutor
 from fl_lightning.config import (DataConfig, FederationConfig, ModelConfig, OptimizerConfig, PartitionConfig,
                                  RunConfig, TrainerConfig, check_optimizer)
 from fl_lightning.data import load_dataset, partition_clients, partition_table
-from fl_lightning.data.athena_local_split import use_local_split
+from fl_lightning.data.local_splits import apply_local_split, check_local_split
 from fl_lightning.data.preprocess import hold_out_validation, resize_images
 from fl_lightning.errors import RoundFailedError
 from fl_lightning.interrupts import RunInterrupted
@@ -37,7 +37,6 @@ from fl_lightning.strategy import sample_clients  # noqa: F401  (public: tests, 
 
 EVAL_BATCH = 500
 GPU_EVAL_BATCH = 5000  # a GPU evaluates the test set in two launches per model instead of twenty
-IMAGE_SETS = ("mnist", "fashion_mnist", "cifar10", "svhn")  # what federation.local_split=athena_code augments
 # Settings that may differ between a checkpoint and the run resuming it.
 _RESUMABLE_CHANGES = {"federation.rounds", "run", "trainer", "data.root", "data.offline_roots", "data.idx_gz_dir",
                       "data.mirror", "data.download", "data.speech_commands_dir", "data.fsdd_dir", "federation.eval_every",
@@ -100,11 +99,7 @@ class Federation:
             raise ValueError(f"federation.client_fraction={f.client_fraction} must lie in (0, 1]")
         if f.client_timeout is not None and f.client_timeout <= 0:
             raise ValueError(f"federation.client_timeout={f.client_timeout} must be > 0 (or unset)")
-        if f.local_split not in ("none", "athena_code"):
-            raise ValueError(f"federation.local_split={f.local_split!r} must be none or athena_code")
-        if f.local_split == "athena_code" and self.data_cfg.name not in IMAGE_SETS:
-            raise ValueError(f"federation.local_split=athena_code augments image pixels; "
-                             f"data.name={self.data_cfg.name} is not one of the image sets {IMAGE_SETS}")
+        check_local_split(f.local_split, self.data_cfg.name)
         if f.batch_size < 0:
             raise ValueError(f"federation.batch_size={f.batch_size} must be >= 0 (0 = whole local set)")
         check_optimizer(self.optimizer)
@@ -130,11 +125,10 @@ class Federation:
             return
         self._data = d = load_dataset(self.data_cfg)
         clients = partition_clients(d.train_y.numpy(), self.partition, self.seed)
-        #: federation.local_split=athena_code: each client's local test split (indices into the
+        #: federation.local_split (not none): each client's local test split (indices into the
         #: training tensor, which then holds the clients' augmented pools)
-        self.local_test_indices: Optional[list[np.ndarray]] = None
-        if self.federation.local_split == "athena_code":  # on the stored images, before resizing (as the authors)
-            clients, self.local_test_indices = use_local_split(d, clients, self.seed)
+        # on the stored images, before resizing (as the authors' code)
+        clients, self.local_test_indices = apply_local_split(self.federation.local_split, d, clients, self.seed)
         if self.data_cfg.image_size:
             resize_images(d, self.data_cfg.image_size)
         self.train_labels = d.train_y.numpy()
@@ -447,7 +441,7 @@ class Federation:
         return out
 
     def local_split_evaluation(self, state, batch: int) -> dict[str, float]:
-        """federation.local_split=athena_code: the global model on every client's local test
+        """federation.local_split (not none): the global model on every client's local test
         split (fl_lightning.per_client_eval.local_split_metrics)."""
         indices = np.concatenate(self.local_test_indices)
         owners = np.repeat(np.arange(len(self.local_test_indices)), [len(t) for t in self.local_test_indices])

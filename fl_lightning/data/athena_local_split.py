@@ -35,6 +35,7 @@ ROTATION = 5 * math.pi / 3  # augment_data.py:79, tfa.image.rotate's angle (radi
 NOISE_STD = 1.0  # augment_data.py:101, on the 0-255 pixels
 SHUFFLE_STATE = 47527  # load_federated_data.py:64, sklearn.utils.shuffle(X, Y, random_state=47527)
 TRAIN_FRACTION = 0.8  # client.py:53, trPer
+IMAGE_SETS = ("mnist", "fashion_mnist", "cifar10", "svhn")  # the data sets whose pixels it augments
 
 
 def flip_up_down(images: Tensor) -> Tensor:
