@@ -126,8 +126,9 @@ class Federation:
         self._data = d = load_dataset(self.data_cfg)
         clients = partition_clients(d.train_y.numpy(), self.partition, self.seed)
         #: federation.local_split (not none): each client's local test split (indices into the
-        #: training tensor, which then holds the clients' augmented pools)
-        # on the stored images, before resizing (as the authors' code)
+        #: training tensor, which then holds the clients' augmented pools); made from the stored
+        #: images, before resizing, as the authors' code does
+        self.local_test_indices: Optional[list[np.ndarray]]
         clients, self.local_test_indices = apply_local_split(self.federation.local_split, d, clients, self.seed)
         if self.data_cfg.image_size:
             resize_images(d, self.data_cfg.image_size)
