@@ -72,6 +72,22 @@ def run(file, runs, *extra, stack="grouped"):
     return sweep.main([str(file), "--runs-dir", str(runs), *(["--stack", stack] if stack else []), *extra])
 
 
+def run_counting_cohorts(monkeypatch, file, runs, *extra, stack="grouped"):
+    """``run`` stacked, and each cohort trained: (the configurations, [(trainer id, clients)])."""
+    trained = []
+    real_train = engine.CohortTrainer.train
+
+    def counting(self, plugin, entries, *rest, **kw):
+        trained.append((id(self), len(entries)))
+        return real_train(self, plugin, entries, *rest, **kw)
+
+    monkeypatch.setattr(engine.CohortTrainer, "train", counting)
+    try:
+        return run(file, runs, *extra, stack=stack), trained
+    finally:
+        monkeypatch.setattr(engine.CohortTrainer, "train", real_train)
+
+
 @pytest.mark.parametrize("mode, grid, cohorts", [("grouped", GRID, [6, 6] * 2), ("padded", E_B_GRID, [12, 12])])
 @pytest.mark.parametrize("algorithm", [[], ["--algorithm", "FedAvg", "--partition.scheme", "dirichlet"]],
                          ids=["fedova", "fedavg"])
@@ -79,21 +95,12 @@ def test_stacked_runs_equal_each_run_alone(tmp_path, smooth_network, algorithm, 
                                            monkeypatch):
     file = write(tmp_path / "grid.yaml", grid)
     args = fixed(grid, "--federation.rounds", "2", *smooth_network, *algorithm)
-    trained = []
-    real_train = engine.CohortTrainer.train
-
-    def counting(self, plugin, entries, *rest, **kw):
-        trained.append(len(entries))
-        return real_train(self, plugin, entries, *rest, **kw)
-
-    monkeypatch.setattr(engine.CohortTrainer, "train", counting)
-    stacked = run(file, tmp_path / "stacked", *args, stack=mode)
-    monkeypatch.setattr(engine.CohortTrainer, "train", real_train)
+    stacked, trained = run_counting_cohorts(monkeypatch, file, tmp_path / "stacked", *args, stack=mode)
     alone = run(file, tmp_path / "alone", *args, stack=None)
 
     assert [c.status for c in stacked] == ["done"] * 4
     # each round, the 4 runs' 3 clients: a cohort per E (two seeds each), or all 12 in one
-    assert trained == cohorts
+    assert [n for _, n in trained] == cohorts
     assert_equal_runs(stacked, alone)
     assert "--stack: 4 runs trained together" in capsys.readouterr().out
 
@@ -102,19 +109,10 @@ def test_runs_of_other_learning_rates_share_a_cohort_each_with_its_own(tmp_path,
     file = write(tmp_path / "lr.yaml", "method: grid\nparameters:\n  optimizer.lr: {values: [0.02, 0.05, 0.1]}\n")
     args = [*tiny_fixed(), "--trainer.engine", "cohort", "--run.checkpoint_every", "1", "--federation.rounds", "2",
             "--algorithm", "FedAvg", "--optimizer.momentum", "0.9", *smooth_network]
-    trained = []
-    real_train = engine.CohortTrainer.train
-
-    def counting(self, plugin, entries, *rest, **kw):
-        trained.append(len(entries))
-        return real_train(self, plugin, entries, *rest, **kw)
-
-    monkeypatch.setattr(engine.CohortTrainer, "train", counting)
-    stacked = run(file, tmp_path / "stacked", *args)
-    monkeypatch.setattr(engine.CohortTrainer, "train", real_train)
+    stacked, trained = run_counting_cohorts(monkeypatch, file, tmp_path / "stacked", *args)
     alone = run(file, tmp_path / "alone", *args, stack=None)
 
-    assert trained == [9, 9]  # the three runs' 3 clients in one cohort each round
+    assert [n for _, n in trained] == [9, 9]  # the three runs' 3 clients in one cohort each round
     assert_equal_runs(stacked, alone)
 
 
@@ -203,16 +201,7 @@ def test_runs_on_other_data_stack_beside_each_other_in_their_own_cohorts(tmp_pat
     file = write(tmp_path / "sizes.yaml", "method: grid\nparameters:\n  data.synthetic_size: {values: [600, 400]}\n")
     args = [*tiny_fixed("--data.synthetic_size"), "--trainer.engine", "cohort", "--run.checkpoint_every", "1",
             "--federation.rounds", "2", *smooth_network]
-    trained = []
-    real_train = engine.CohortTrainer.train
-
-    def counting(self, plugin, entries, *rest, **kw):
-        trained.append((id(self), len(entries)))
-        return real_train(self, plugin, entries, *rest, **kw)
-
-    monkeypatch.setattr(engine.CohortTrainer, "train", counting)
-    stacked = run(file, tmp_path / "stacked", *args)
-    monkeypatch.setattr(engine.CohortTrainer, "train", real_train)
+    stacked, trained = run_counting_cohorts(monkeypatch, file, tmp_path / "stacked", *args)
     alone = run(file, tmp_path / "alone", *args, stack=None)
 
     assert len({trainer for trainer, _ in trained}) == 2 and [n for _, n in trained] == [3, 3, 3, 3]
