@@ -9,7 +9,9 @@ memory and the device:
 Workloads: W1 FedOVA non-IID-2, K=100, C=0.2, E=5, B=15, SGD 0.05; W2 the same with K=1000;
 W3 FedAvg in W1's setting (lr 0.1); MAIN the README's main job (configs/fedova_fmnist.yaml as
 shipped, 100 rounds); FEDOV FedOV one-shot, 10 clients, #C=1 (200 local epochs as shipped);
-CIFAR_FEDOVA / CIFAR_FEDAVG FedOVA's Table I on CIFAR-10 with VGG-11 (lr 0.01: speed only).
+CIFAR_FEDOVA / CIFAR_FEDAVG FedOVA's Table I on CIFAR-10 with VGG-11 (lr 0.01: speed only);
+ATHENA ATHENA-FL on FMNIST (round 1 the MobileNet probe, then detector rounds); FEDAVG_MOBILENET
+its FedAvg-MobileNet baseline; FEDKT FedKT's one shot (#C=2).
 Variant cohort_cudnn_benchmark: the cohort engine with cuDNN's algorithm search
 (trainer.cudnn_benchmark), against variant cohort on the same workload.
 """
@@ -36,6 +38,13 @@ WORKLOADS = {
     # FedOVA Table I on CIFAR-10 (VGG-11; images from --extra "--data.image_pack FILE" on a machine without them)
     "CIFAR_FEDOVA": ["--config", "configs/fedova_cifar.yaml", "--optimizer.lr", "0.01"],
     "CIFAR_FEDAVG": ["--config", "configs/fedavg_cifar.yaml", "--optimizer.lr", "0.01"],
+    # ATHENA-FL on FMNIST (round 1: the MobileNet probe of all 50 clients; then the detector
+    # rounds) and its FedAvg-MobileNet baseline (batch norm in the cohort)
+    "ATHENA": ["--config", "configs/athena_fmnist.yaml"],
+    "FEDAVG_MOBILENET": ["--config", "configs/fedavg_mobilenet_fmnist.yaml"],
+    # FedKT's one shot, FedOV's Table 1 setting (#C=2): every party's s x t teachers, then its s
+    # students, then the server's final model; local_epochs sets the teachers' epochs
+    "FEDKT": ["--config", "configs/fedkt_oneshot_fmnist.yaml", "--partition.labels_per_client", "2"],
 }
 VARIANTS = {
     "cohort": ["--trainer.engine", "cohort"],

@@ -28,6 +28,17 @@ CASES = {
     "scaffold_dirichlet": ["--algorithm", "SCAFFOLD", "--partition.scheme", "dirichlet"],
     "fedavg_whole_set": ["--algorithm", "FedAvg", "--federation.batch_size", "0", "--partition.scheme", "dirichlet"],
     "fedov_one_shot": ["--algorithm", "FedOV", "--federation.rounds", "1", "--partition.scheme", "dirichlet"],
+    # FIM-L-BFGS's client optimizer and the curvature probes (damping 1: at 1e-3 a detector whose
+    # Fisher is near 0 lets L-BFGS amplify rounding by itself, tests/test_cohort_fimlbfgs.py)
+    "fedavg_fim_lbfgs": ["--algorithm", "FedAvg", "--optimizer.name", "fim_lbfgs", "--optimizer.lr", "0.1",
+                         "--optimizer.max_step_norm", "1.0", "--optimizer.damping", "1.0", "--partition.scheme", "dirichlet"],
+    "fedova_fim_lbfgs": ["--algorithm", "FedOVA", "--optimizer.name", "fim_lbfgs", "--optimizer.lr", "0.1",
+                         "--optimizer.max_step_norm", "1.0", "--optimizer.damping", "1.0", "--partition.scheme", "dirichlet"],
+    "fimlbfgs_probes": ["--algorithm", "FIMLBFGS", "--algorithm.step_size", "0.05", "--algorithm.damping", "1.0",
+                        "--algorithm.max_step_norm", "1.0", "--partition.scheme", "dirichlet"],
+    "feddane_probes": ["--algorithm", "FedDANE", "--algorithm.mu", "0.1", "--partition.scheme", "dirichlet"],
+    "fedkt_one_shot": ["--algorithm", "FedKT", "--algorithm.student_epochs", "2", "--algorithm.final_epochs", "1",
+                       "--federation.rounds", "1", "--federation.client_fraction", "1.0", "--partition.scheme", "dirichlet"],
 }
 # |cohort - per client| / |update|: fp32 is rounding (CPU: below 1e-5); bf16-mixed differs by bf16
 # rounding of differently ordered sums (CPU: 0.35-1.3 %, tests/test_cohort.py)

@@ -35,6 +35,15 @@ bench W1_cohort_eager 90 W1 cohort_eager 3
 bench FEDOV_E2_cohort 150 FEDOV cohort 1 --federation.local_epochs 2
 bench FEDOV_E2_per_client 200 FEDOV per_client 1 --federation.local_epochs 2
 bench FEDOV_E200_cohort 300 FEDOV cohort 1
+# Networks with batch norm and the plug-ins that train several networks per client, cohort
+# against per client on the same GPU (target: cohort >= 10x faster): ATHENA-FL's probe round and
+# a detector round, FedAvg-MobileNet, FedKT's one shot (teachers at 20 local epochs, students 100).
+bench ATHENA_cohort 200 ATHENA cohort 2
+bench ATHENA_per_client 300 ATHENA per_client 2
+bench FEDAVG_MOBILENET_cohort 150 FEDAVG_MOBILENET cohort 3
+bench FEDAVG_MOBILENET_per_client 200 FEDAVG_MOBILENET per_client 2
+bench FEDKT_cohort 200 FEDKT cohort 1 --federation.local_epochs 20
+bench FEDKT_per_client 400 FEDKT per_client 1 --federation.local_epochs 20
 # cuDNN's algorithm search for the grouped convolutions vmap makes of VGG-11 (CIFAR-10, FedOVA
 # Table I's setting): 3 rounds each way, when the image pack CIFAR_PACK is there
 # (python -m fl_lightning.data.image_pack --data cifar10 --out .gpucifar/cifar10_q75.npz). ONLY=CIFAR runs these (after the engines' equivalence check, which always runs).

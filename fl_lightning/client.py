@@ -179,25 +179,29 @@ def train_client(ctx: ClientContext, task: ClientTask, indices: np.ndarray, roun
 
 
 def fit_module(ctx: ClientContext, module, batches, epochs: int, callbacks: Sequence = ()):
-    """Trains ``module`` for ``epochs``; (optimizer steps, mean loss of the last epoch)."""
-    losses: list[Tensor] = []
-    module.training_step = _recording(module.training_step, losses, len(batches))
+    """Trains ``module`` for ``epochs``; (optimizer steps, mean loss of the last epoch's trained
+    batches: a skipped batch, e.g. batch norm's lone sample, is in no epoch's mean, as in the cohort)."""
+    losses: dict[int, list[Tensor]] = {}
+    module.training_step = _recording(module, module.training_step, losses)
     trainer = make_trainer(ctx, epochs, callbacks)
     trainer.fit(module, train_dataloaders=batches)
-    last_epoch = torch.stack(losses[-len(batches):]).mean().item() if losses else float("nan")
+    last_epoch = torch.stack(losses[max(losses)]).mean().item() if losses else float("nan")
     # Lightning counts every optimizer's step; a module with one optimizer per part (per
     # stacked model) steps them all on each batch, and a local step is one batch
     return trainer.global_step // max(1, len(trainer.optimizers)), last_epoch
 
 
-def _recording(step_fn, losses: list, keep: int):
+def _recording(module, step_fn, losses: dict):
+    """``step_fn`` that keeps the latest epoch's losses in ``losses`` (epoch -> losses)."""
     def step(batch, batch_idx):
         loss = step_fn(batch, batch_idx)
         if loss is None:  # a skipped batch (Lightning makes no optimizer step)
             return None
-        losses.append(loss.detach())
-        if len(losses) > keep:
-            del losses[0]
+        epoch = module.current_epoch
+        if epoch not in losses:  # only the last epoch's mean is reported: drop the earlier ones
+            losses.clear()
+            losses[epoch] = []
+        losses[epoch].append(loss.detach())
         return loss
 
     return step
@@ -328,7 +332,8 @@ def train_in_cohorts(jobs: Sequence[CohortJob], trainer_for: Callable[[ClientCon
     of at most ``cohort_size`` members, each member with its own run's seed; jobs of runs with
     other batch sizes or local epochs train in cohorts of their own (no padded sample, no
     masked epoch: the arithmetic of the runs alone), or, ``padded``, together (narrower batches
-    padded, shorter trainings masked: fewer steps, each wider); the rest train per client."""
+    padded, shorter trainings masked: fewer steps, each wider); jobs of a plug-in that trains a
+    group of its tasks itself go to it (``trained_as_groups``); the rest train per client."""
     def find(position: int):
         job = jobs[position]
         trainer = trainer_for(job.ctx)
@@ -340,28 +345,65 @@ def train_in_cohorts(jobs: Sequence[CohortJob], trainer_for: Callable[[ClientCon
         return found[0], (id(trainer), found[1], shape)
 
     cohorts, alone = cohort_groups([(job.task, job.indices) for job in jobs], find, cohort_size)
-    outcomes: dict[int, object] = {}
+    outcomes = trained_as_groups(jobs, alone, trainer_for, cohort_size)
     for position in alone:
-        job = jobs[position]
-        outcomes[position] = guarded_train(job.ctx, job.task, job.indices, job.round_index, job.state)
+        if position not in outcomes:
+            job = jobs[position]
+            outcomes[position] = guarded_train(job.ctx, job.task, job.indices, job.round_index, job.state)
     for plugin, positions in cohorts:
         group = [jobs[p] for p in positions]
-        seeds = [client_seed(job.ctx.seed, job.round_index, job.task.client_id) for job in group]
         epochs = [client_plugin(job.task.kind).local_epochs(job.task, job.ctx.federation) for job in group]
         try:
             trained = trainer_for(group[0].ctx).train(
-                plugin, [(job.task, job.indices) for job in group], group[0].round_index, seeds, epochs,
+                plugin, [(job.task, job.indices) for job in group], group[0].round_index, _client_seeds(group), epochs,
                 [dict(job.state or {}) for job in group], [job.ctx.federation.batch_size for job in group])
         except Exception as error:  # noqa: BLE001 - a failed cohort drops its clients only
-            trained = [ClientFailure(job.task.client_id, f"{type(error).__name__}: {error}") for job in group]
-        for position, job, outcome in zip(positions, group, trained):
-            if isinstance(outcome, ClientResult):
-                try:
-                    outcome = checked(uploaded(job.task, outcome))
-                except ValueError as error:
-                    outcome = ClientFailure(job.task.client_id, f"{type(error).__name__}: {error}")
-            outcomes[position] = outcome
+            trained = _dropped(group, error)
+        outcomes.update((position, _finished(job, outcome)) for position, job, outcome in zip(positions, group, trained))
     return [outcomes[p] for p in range(len(jobs))]
+
+
+def trained_as_groups(jobs: Sequence[CohortJob], positions: Sequence[int],
+                      trainer_for: Callable[[ClientContext], "CohortTrainer"], cohort_size: int) -> dict[int, object]:
+    """Outcomes of the jobs at ``positions`` (tasks with no ``cohort``) that their plug-ins train
+    as a group with the cohort engine (``ClientPlugin.train_group_in_cohorts``): one group per
+    task kind and cohort trainer; a group that raises drops its clients. A job left out (its
+    plug-in declined it, or it has no local samples) trains per client."""
+    groups: dict[tuple, list[int]] = {}
+    for position in positions:
+        job = jobs[position]
+        if len(job.indices):
+            groups.setdefault((job.task.kind, id(trainer_for(job.ctx))), []).append(position)
+    outcomes: dict[int, object] = {}
+    for (kind, _), members in groups.items():
+        group = [jobs[p] for p in members]
+        try:
+            trained = client_plugin(kind).train_group_in_cohorts(group, _client_seeds(group), trainer_for(group[0].ctx),
+                                                                 cohort_size)
+        except Exception as error:  # noqa: BLE001 - a failed group drops its clients only
+            trained = _dropped(group, error)
+        outcomes.update((position, _finished(job, outcome))
+                        for position, job, outcome in zip(members, group, trained) if outcome is not None)
+    return outcomes
+
+
+def _client_seeds(group: Sequence[CohortJob]) -> list[int]:
+    return [client_seed(job.ctx.seed, job.round_index, job.task.client_id) for job in group]
+
+
+def _dropped(group: Sequence[CohortJob], error: Exception) -> list[ClientFailure]:
+    return [ClientFailure(job.task.client_id, f"{type(error).__name__}: {error}") for job in group]
+
+
+def _finished(job: CohortJob, outcome):
+    """A cohort's outcome for ``job`` as ``guarded_train`` would give it: only the parameters
+    asked back, and a failure where they are not finite."""
+    if not isinstance(outcome, ClientResult):
+        return outcome
+    try:
+        return checked(uploaded(job.task, outcome))
+    except ValueError as error:
+        return ClientFailure(job.task.client_id, f"{type(error).__name__}: {error}")
 
 
 def _worker_train(positioned_args):

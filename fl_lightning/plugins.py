@@ -19,7 +19,8 @@ from fl_lightning.config import FederationConfig
 from fl_lightning.messages import ClientResult, ClientTask, State
 
 if TYPE_CHECKING:  # the executor's context; imported lazily to keep the loop below the plug-ins
-    from fl_lightning.client import ClientContext
+    from fl_lightning.client import ClientContext, ClientFailure, CohortJob
+    from fl_lightning.cohort.engine import CohortTrainer
     from fl_lightning.cohort.members import CohortPlugin
 
 #: packages whose import registers the shipped plug-ins (looked up on first use, so that a
@@ -32,7 +33,9 @@ _PLUGINS: dict[str, "ClientPlugin"] = {}
 class ClientPlugin(ABC):
     """The client side of one task kind. The default ``train`` is FedAvg's ClientUpdate shape:
     build a module, fit it on the client's batches for E local epochs, read the result.
-    ``cohort``: how its tasks' members stack in the cohort engine (None: per client only)."""
+    ``cohort``: how its tasks' members stack in the cohort engine (None: per client only); a
+    plug-in whose one task is several trainings one after another trains a group of its tasks
+    with the cohort engine itself instead (``train_group_in_cohorts``)."""
 
     cohort: Optional["CohortPlugin"] = None
 
@@ -64,6 +67,17 @@ class ClientPlugin(ABC):
         callbacks = [*callbacks, *self.fit_callbacks(ctx, task, seed)]
         steps, loss = fit_module(ctx, module, batches, self.local_epochs(task, ctx.federation), callbacks)
         return self.result(task, module, len(indices), steps, loss, client_state)
+
+    def train_group_in_cohorts(self, jobs: Sequence["CohortJob"], seeds: Sequence[int], cohorts: "CohortTrainer",
+                               cohort_size: int) -> list[Optional[ClientResult | "ClientFailure"]]:
+        """Several clients' tasks of this kind trained at once by the cohort engine (``trainer.engine
+        cohort``), for a kind without a ``cohort``: the outcome of each job, in job order, or None
+        for a job left to per-client training (the default: every job). ``seeds``: each job's client
+        seed (``fl_lightning.client.client_seed``: ``train`` would get it, with torch's global
+        generator seeded by it); ``cohorts``: the run's cohort trainer (its ``ctx`` holds the data
+        the jobs share, its ``fit_callbacks`` the time budget of each cohort fit); ``cohort_size``:
+        the most members a cohort may stack (0: no limit). An exception drops every job's client."""
+        return [None] * len(jobs)
 
 
 def register_client_plugin(kind: str, plugin: ClientPlugin) -> None:

@@ -28,11 +28,18 @@ def sample_clients(generator: torch.Generator, num_clients: int, fraction: float
 
 
 def model_logits(template: nn.Module, params: State, x: Tensor) -> Tensor:
-    """``template``'s forward with ``params`` (one model's state dict), NHWC like the clients."""
+    """``template``'s forward with ``params`` (one model's state dict), NHWC like the clients, in
+    evaluation mode: batch norm normalises with the model's running statistics (in training mode it
+    would use the batch's and update ``params``' statistics in place) and dropout keeps every unit."""
     from torch.func import functional_call
 
     template = template.to(device=x.device, memory_format=torch.channels_last)
-    return functional_call(template, {k: v.to(x.device) for k, v in params.items()}, (x,))
+    training = template.training
+    template.eval()
+    try:
+        return functional_call(template, {k: v.to(x.device) for k, v in params.items()}, (x,))
+    finally:
+        template.train(training)
 
 
 @dataclass

@@ -172,9 +172,12 @@ def test_a_runner_loaded_with_the_next_rounds_members_equals_a_fresh_one(monkeyp
         assert all(torch.equal(a[n], b[n]) for n in a)
 
 
-def test_tasks_without_a_cohort_plugin_train_per_client_with_the_same_result(tmp_path):
-    # FIM-L-BFGS's curvature clients have no cohort plug-in: the cohort engine hands them to the
-    # per-client path, so the run is bit for bit the per-client one
+def test_tasks_without_a_cohort_plugin_train_per_client_with_the_same_result(tmp_path, monkeypatch):
+    # FIM-L-BFGS's curvature clients without their cohort plug-in: the cohort engine hands them to
+    # the per-client path, so the run is bit for bit the per-client one
+    from fl_lightning.algorithms.fimlbfgs.curvature import CurvatureClient
+
+    monkeypatch.setattr(CurvatureClient, "cohort", None)
     extra = ["--algorithm", "FIMLBFGS", "--federation.rounds", "1"]
     reference, _ = run_engine(tmp_path, "per_client", *extra)
 

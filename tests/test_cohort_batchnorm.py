@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_lightning.algorithms.baselines.classifier import ClassifierClient, classifier_task
+from fl_lightning.algorithms.baselines.classifier import ClassifierClient, MultiClassClassifier, classifier_task
 from fl_lightning.client import ClientContext, make_trainer
 from fl_lightning.cohort.batch_norm import weighted_batch_norm
 from fl_lightning.cohort.dropout import DropoutMasks, drawn_dropout, dropout_layers
@@ -109,10 +109,10 @@ def test_dropout_masks_are_the_clients_own_draws_in_order():
     torch.testing.assert_close(network[9](features), first[:3].float() / 0.7)
 
 
-def client_context(template: nn.Module, batch_size: int) -> ClientContext:
+def client_context(template: nn.Module, batch_size: int, epochs: int = 1) -> ClientContext:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(200, 1, 28, 28, generator=g), torch.randint(0, 10, (200,), generator=g)
-    return ClientContext(x, y, template, FederationConfig(batch_size=batch_size, local_epochs=1),
+    return ClientContext(x, y, template, FederationConfig(batch_size=batch_size, local_epochs=epochs),
                          TrainerConfig(threads=1), seed=0)
 
 
@@ -123,7 +123,8 @@ def train_both(ctx: ClientContext, sizes: list[int], seeds: list[int], optimizer
               np.arange(starts[k], starts[k + 1])) for k in range(len(sizes))]
     plugin = ClassifierClient()
     alone = [plugin.train(ctx, task, idx, seed, [], {}) for (task, idx), seed in zip(tasks, seeds)]
-    cohort = CohortTrainer(ctx, make_trainer).train(plugin.cohort, tasks, 0, seeds, [1] * len(sizes),
+    epochs = ctx.federation.local_epochs
+    cohort = CohortTrainer(ctx, make_trainer).train(plugin.cohort, tasks, 0, seeds, [epochs] * len(sizes),
                                                     [{}] * len(sizes))
     return alone, cohort
 
@@ -145,6 +146,29 @@ def test_cohort_trains_batch_norm_and_dropout_as_each_client_alone():
     assert [r.steps for r in cohort] == [3, 3, 4]
 
 
+def test_last_epoch_loss_leaves_out_the_skipped_lone_sample_in_both_engines():
+    # 21 samples at B = 10 over two epochs: each epoch trains two batches and skips its lone
+    # sample; the reported loss is the mean of the second epoch's two, by hand and in both engines
+    ctx = client_context(small_network(), 10, epochs=2)
+    recorded = []
+    original = MultiClassClassifier.training_step
+
+    def recording(self, batch, batch_idx):
+        loss = original(self, batch, batch_idx)
+        recorded.append(None if loss is None else (self.current_epoch, loss.item()))
+        return loss
+
+    MultiClassClassifier.training_step = recording
+    try:
+        alone, cohort = train_both(ctx, [21], [12], OptimizerConfig("sgd", lr=0.05, momentum=0.9))
+    finally:
+        MultiClassClassifier.training_step = original
+    assert [r is None for r in recorded] == [False, False, True] * 2
+    by_hand = np.mean([loss for r in recorded if r is not None for epoch, loss in [r] if epoch == 1])
+    assert alone[0].train_loss == pytest.approx(by_hand, rel=1e-6)
+    assert cohort[0].train_loss == pytest.approx(by_hand, rel=1e-5)
+
+
 def test_dropout_draws_follow_the_client_seed():
     # the masks are the client's: another seed drops other units and trains otherwise
     ctx = client_context(small_network(), 10)
@@ -154,12 +178,13 @@ def test_dropout_draws_follow_the_client_seed():
 
 
 def test_plugins_whose_loss_does_not_allow_batch_norm_train_such_networks_per_client():
+    # the open-set loss runs the network on the batch and its outliers together: per client
     from fl_lightning.algorithms.fedova.detectors import DetectorCohort
     from fl_lightning.algorithms.fedov.open_set_cohort import OpenSetCohort
 
     network = small_network()
-    assert stacks(network, ClassifierClient.cohort)
-    assert not stacks(network, DetectorCohort()) and not stacks(network, OpenSetCohort())
+    assert stacks(network, ClassifierClient.cohort) and stacks(network, DetectorCohort())
+    assert not stacks(network, OpenSetCohort())
     channels = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Dropout2d(0.5))  # whole-channel dropout: not drawn here
     assert not stacks(channels, ClassifierClient.cohort)
 
@@ -222,3 +247,38 @@ def test_athena_mobilenet_probe_in_the_cohort_equals_per_client(tmp_path, smooth
     worst = (state[PROBE_VECTORS] - reference[PROBE_VECTORS]).abs().max().item()
     assert worst < 1e-5, f"ATHENA-FL's probe vectors differ by {worst}"
     assert torch.equal(state[CLIENT_CLUSTER], reference[CLIENT_CLUSTER])
+
+
+def test_fedova_detectors_on_mobilenet_in_the_cohort_equal_per_client(tmp_path, smooth_mobilenet, monkeypatch):
+    # each client's detectors keep their own running statistics and share the client's dropout masks
+    extra = ["--algorithm", "FedOVA", "--model.architecture", "mobilenet", "--federation.rounds", "1", *MOBILENET]
+    reference, ref_history = run_engine(tmp_path, "per_client", *extra)
+    trained = cohort_kinds(monkeypatch)
+
+    state, history = run_engine(tmp_path, "cohort", *extra)
+
+    assert trained and all(kind == "detectors" for kind, _ in trained)  # no client per client
+    assert any(k.endswith("running_var") for k in state) and state.keys() == reference.keys()
+    worst = max((state[k].double() - reference[k].double()).abs().max().item() for k in state)
+    assert worst < 1e-5, f"FedOVA on MobileNet: detectors and statistics differ by {worst}"
+    assert [m["train/steps"] for m in history] == [m["train/steps"] for m in ref_history]
+    assert history[0]["train/loss"] == pytest.approx(ref_history[0]["train/loss"], rel=1e-5)
+
+
+def test_athena_detectors_on_mobilenet_in_the_cohort_equal_per_client(tmp_path, smooth_mobilenet, monkeypatch):
+    # round 1: the probe; round 2: the clusters' detectors, on MobileNet as the probe
+    from fl_lightning.algorithms.athena.strategy import DET
+
+    extra = ["--algorithm", "AthenaFL", "--algorithm.probe_architecture", "mobilenet", "--data.image_size", "32",
+             "--model.architecture", "mobilenet", "--partition.validation_fraction", "0.1",
+             "--partition.num_clients", "4", "--federation.rounds", "2", *MOBILENET, "--data.synthetic_size", "160"]
+    reference, _ = run_engine(tmp_path, "per_client", *extra)
+    trained = cohort_kinds(monkeypatch)
+
+    state, _ = run_engine(tmp_path, "cohort", *extra)
+
+    assert ("detectors", None) in trained and all(kind in ("classifier", "detectors") for kind, _ in trained)
+    detectors = [k for k in state if k.startswith(DET)]
+    assert any(k.endswith("running_var") for k in detectors)
+    worst = max((state[k].double() - reference[k].double()).abs().max().item() for k in detectors)
+    assert worst < 1e-5, f"ATHENA-FL's MobileNet detectors differ by {worst}"  # measured 1.2e-6

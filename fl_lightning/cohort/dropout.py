@@ -90,7 +90,7 @@ class StepMasks:
 
 class DrawnDropout(nn.Dropout):
     """``nn.Dropout`` applying the step's drawn keep mask (``StepMasks``), scaled by 1 / (1 - p) as
-    nn.Dropout scales; without masks (a fit that draws none, e.g. FedKT's) it is nn.Dropout."""
+    nn.Dropout scales; without masks (a forward pass outside a client's fit) it is nn.Dropout."""
 
     def __init__(self, layer: nn.Dropout, name: str, step: StepMasks) -> None:
         super().__init__(layer.p)

@@ -3,10 +3,12 @@
 Members (one model each: a FedAvg client, a FedOVA (client, detector) pair) are stacked
 along a leading dimension and trained by one Lightning ``Trainer`` in one fit. Every step
 runs ``vmap(grad(member loss))`` over all members, each on a batch of its own client's data
-(``plan.BatchPlan``), then the per-member optimizer (``optim.StackedOptimizer``); members
-whose local training has ended are masked. A loss that is random at every step reads its
-draws (``members.StepDraws``) from device buffers filled a window of steps at a time, so
-the step has static shapes too. Batch norm's running statistics are per-member state that
+(``plan.BatchPlan``), then the per-member optimizer (``optim.MemberOptimizer``: SGD, Adam,
+FIM-L-BFGS with its pair histories, or a probe's sums); members whose local training has
+ended are masked. An optimizer that reads a statistic of each sample's data loss (FIM-L-BFGS's
+diagonal Fisher) gets it per member from the same step, over the batch's real samples. A loss
+that is random at every step reads its draws (``members.StepDraws``) from device buffers
+filled a window of steps at a time, so the step has static shapes too. Batch norm's running statistics are per-member state that
 the step carries (``batch_norm``: statistics of each member's real samples only) and dropout's
 masks are draws like any other (``dropout``), so networks with both stack too. On a GPU the
 step is captured once in a CUDA graph and replayed (shapes are static within a round; a
@@ -17,7 +19,7 @@ window, and the data stay on the device: a round costs the arithmetic.
 from __future__ import annotations
 
 import copy
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -28,7 +30,7 @@ from fl_lightning.cohort.batch_norm import (STATISTICS, has_batch_norm, normalis
                                             statistics_names)
 from fl_lightning.cohort.dropout import DropoutMasks, drawn_dropout, dropout_layers, has_other_dropout
 from fl_lightning.cohort.members import CohortPlugin, Member, StepDraws
-from fl_lightning.cohort.optim import STACKED_OPTIMIZERS, StackedOptimizer, per_member
+from fl_lightning.cohort.optim import MemberOptimizer, OptimizerChoice, per_member, stacked_choice
 from fl_lightning.cohort.plan import BatchPlan, build_plan, without_steps
 from fl_lightning.config import OptimizerConfig
 from fl_lightning.functional import functional_forward
@@ -40,14 +42,29 @@ def _stack(dicts: Sequence[dict[str, Tensor]], device) -> list[Tensor]:
                                                    else dicts[0][n].dtype) for n in names]
 
 
-def stacks(network: nn.Module, plugin: CohortPlugin) -> bool:
-    """Whether ``network`` can train in a cohort with ``plugin``'s loss: its only buffers are batch
-    norm's running statistics, its only dropout nn.Dropout, and with either the plug-in's loss
-    allows them (``CohortPlugin.batch_norm_and_dropout``)."""
+def stacks(network: nn.Module, plugin: CohortPlugin, optimizer: Optional[type[MemberOptimizer]] = None) -> bool:
+    """Whether ``network`` can train in a cohort with ``plugin``'s loss (and ``optimizer``): its
+    only buffers are batch norm's running statistics, its only dropout nn.Dropout, and with
+    either the plug-in's loss allows them (``CohortPlugin.batch_norm_and_dropout``); an optimizer
+    that reads per-sample losses needs the plug-in's (``CohortPlugin.sample_losses``) and a network
+    with neither: per-sample gradients run it on one sample at a time, where batch norm has no
+    statistics and a batch's dropout masks do not fit (per client such a fit fails too)."""
     if {n for n, _ in network.named_buffers()} - set(statistics_names(network)) or has_other_dropout(network):
         return False
     with_state = has_batch_norm(network) or any(isinstance(m, nn.Dropout) for m in network.modules())
+    if optimizer is not None and optimizer.uses_sample_losses:
+        return plugin.gives_sample_losses and not with_state
     return plugin.batch_norm_and_dropout or not with_state
+
+
+def _choice(optimizer: Union[OptimizerConfig, OptimizerChoice]) -> OptimizerChoice:
+    """(member optimizer class, settings): given, or the stacked optimizer of ``optimizer.name``."""
+    if isinstance(optimizer, tuple):
+        return optimizer
+    chosen = stacked_choice(optimizer)
+    if chosen is None:
+        raise ValueError(f"optimizer.name={optimizer.name!r} does not stack in a cohort")
+    return chosen
 
 
 class CohortRunner:
@@ -58,7 +75,7 @@ class CohortRunner:
     DRAW_WINDOW = 256  # steps of random draws per buffer fill (FedOV, 10 members, B = 64: 5 MB)
 
     def __init__(self, template: nn.Module, plugin: CohortPlugin, members: list[Member], plan: BatchPlan,
-                 x: Tensor, y: Tensor, optimizer: OptimizerConfig, use_graph: bool,
+                 x: Tensor, y: Tensor, optimizer: Union[OptimizerConfig, OptimizerChoice], use_graph: bool,
                  draws: Optional[StepDraws] = None, lr: Optional[Sequence[float]] = None) -> None:
         device = x.device
         self.x, self.y, self.plugin, self.draws = x, y, plugin, draws
@@ -75,7 +92,8 @@ class CohortRunner:
         self.plan = plan.to(device)  # static buffers: a later plan of as many steps or fewer fits in them
         self.host_plan = plan  # the draws are made on the host, from the plan's real samples
         self.num_steps = plan.num_steps
-        self.optimizer = StackedOptimizer(optimizer, self.params, lr)  # lr: each member's (default: optimizer.lr)
+        kind, settings = _choice(optimizer)
+        self.optimizer = kind(settings, self.params, lr)  # lr: each member's (default: the settings' lr)
         self.counter = torch.zeros(1, dtype=torch.long, device=device)
         self.loss_sum = torch.zeros(len(members), device=device)
         self.use_graph = use_graph and device.type == "cuda"
@@ -106,15 +124,28 @@ class CohortRunner:
             return loss, updated
 
         self.grad_fn = vmap(grad_and_value(member_loss, has_aux=True))
+        self.value_fn = vmap(member_loss)  # a member optimizer that reads no gradient (a probe): the loss alone
+
+        def member_statistic(params, consts, xb, yb, wb):
+            constants = dict(zip(self.const_names, consts))
+
+            def sample_losses(p, x_part, y_part):
+                return plugin.sample_losses(forward, p, constants, x_part, y_part)
+
+            return self.optimizer.batch_statistic(sample_losses, dict(zip(self.names, params)), xb, yb, wb)
+
+        # e.g. FIM-L-BFGS's diagonal Fisher: per member, from per-sample gradients of its data loss
+        self.statistic_fn = vmap(member_statistic) if self.optimizer.uses_sample_losses else None
 
     @staticmethod
-    def shape_key(members: list[Member], plan: BatchPlan, optimizer: OptimizerConfig) -> tuple:
+    def shape_key(members: list[Member], plan: BatchPlan, optimizer: Union[OptimizerConfig, OptimizerChoice]) -> tuple:
         """Cohorts with equal keys can share one runner (and its captured graph); the members'
         learning rates are data (``load``), not part of the key."""
         first = members[0]
+        kind, settings = _choice(optimizer)
         return (len(members), tuple((n, tuple(t.shape)) for n, t in first.params.items()),
                 tuple((n, tuple(t.shape)) for n, t in first.consts.items()), first.grad_offset is not None,
-                tuple(plan.index.shape[1:]), (optimizer.name, optimizer.momentum, optimizer.weight_decay))
+                tuple(plan.index.shape[1:]), (kind, kind.shared_settings(settings)))
 
     def fits(self, plan: BatchPlan) -> bool:
         return plan.num_steps <= self.plan.num_steps
@@ -171,13 +202,19 @@ class CohortRunner:
         active = self.plan.active.index_select(0, s).squeeze(0)
         xb, yb = self.x[index], self.y[index]
         drawn = tuple(self.draw_buffers[n].index_select(0, self.draw_position).squeeze(0) for n in self.draw_names)
-        grads, (losses, statistics) = self.grad_fn(tuple(self.params), tuple(self.consts), tuple(self.statistics), xb,
-                                                   yb, weight, drawn)
+        inputs = (tuple(self.params), tuple(self.consts), tuple(self.statistics), xb, yb, weight, drawn)
+        if self.optimizer.uses_gradient:
+            grads, (losses, statistics) = self.grad_fn(*inputs)
+        else:
+            grads, (losses, statistics) = [], self.value_fn(*inputs)
+        # before the update: the statistic is the batch's at the parameters the gradient was taken at
+        measured = (self.statistic_fn(tuple(self.params), tuple(self.consts), xb, yb, weight)
+                    if self.statistic_fn is not None else ())
         for static, new in zip(self.statistics, statistics):  # a member that does not step keeps its own
             static.copy_(torch.where(per_member(active, static) > 0, new.to(static.dtype), static))
         if self.offsets is not None:
             grads = [g + o for g, o in zip(grads, self.offsets)]
-        self.optimizer.step(self.params, [g.float() for g in grads], active)
+        self.optimizer.step(self.params, [g.float() for g in grads], active, measured)
         self.loss_sum.add_(losses.detach().float() * last)
         self.counter.add_(1)
         self.draw_position.add_(1)
@@ -231,9 +268,12 @@ class CohortRunner:
                 self.step()
 
     def member_params(self) -> list[dict[str, Tensor]]:
-        """Each member's state dict: its parameters and running statistics, in its own order."""
+        """Each member's state dict: its parameters and running statistics, in its own order; and
+        what its optimizer hands back (``MemberOptimizer.outputs``: a probe's sums), if anything."""
         cpu = dict(zip(self.names + self.statistics_names, [t.detach().cpu() for t in self.params + self.statistics]))
-        return [{n: cpu[n][m].clone() for n in self.state_names} for m in range(self.params[0].shape[0])]
+        outputs = {n: t.detach().cpu() for n, t in self.optimizer.outputs(self.names).items()}
+        return [{**{n: cpu[n][m].clone() for n in self.state_names}, **{n: t[m].clone() for n, t in outputs.items()}}
+                for m in range(self.params[0].shape[0])]
 
     def member_losses(self, streams: list[int]) -> list[float]:
         """Each member's mean loss over its last epoch's batches (NaN without any: a per-client fit
@@ -304,13 +344,14 @@ class CohortTrainer:
         from fl_lightning.plugins import client_plugin
 
         plugin = client_plugin(task.kind).cohort
-        if plugin is None or not stacks(plugin.network(self.ctx, task), plugin):
+        chosen = plugin.optimizer(task) if plugin is not None else None
+        if chosen is None or not stacks(plugin.network(self.ctx, task), plugin, chosen[0]):
             return None
         key = plugin.stack_key(task)
-        if key is None or task.optimizer.name not in STACKED_OPTIMIZERS:
+        if key is None:
             return None
-        o = task.optimizer  # each member steps with its own task's learning rate
-        return plugin, (task.kind, key, (o.name, o.momentum, o.weight_decay))
+        kind, settings = chosen  # each member steps with its own task's learning rate
+        return plugin, (task.kind, key, (kind, kind.shared_settings(settings)))
 
     def train(self, plugin: CohortPlugin, entries: Sequence[tuple], round_index: int, seeds: Sequence[int],
               epochs: Sequence[int], client_states: Sequence[dict],
@@ -329,7 +370,7 @@ class CohortTrainer:
             plan = without_steps(plan, ~normalisable(plan.weight.sum(-1)))
         member_plan = BatchPlan(plan.index[:, member_entry], plan.weight[:, member_entry], plan.active[:, member_entry],
                                 plan.last_epoch[:, member_entry], plan.steps, plan.last_epoch_batches)
-        optimizer = entries[0][0].optimizer  # its name, momentum and weight decay: the cohort's (plugin_for)
+        optimizer = plugin.optimizer(entries[0][0])  # every setting but lr: the cohort's (plugin_for)
         lr = [entries[k][0].optimizer.lr for k in member_entry]
         draws = plugin.step_draws(self.ctx, [task for task, _ in entries], list(seeds), member_entry)
         layers = dropout_layers(network, tuple(self.ctx.x.shape[1:]))

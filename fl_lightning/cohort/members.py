@@ -10,6 +10,11 @@ each member from its client's own generators. The engine knows no algorithm: it 
 these methods. What belongs to the network rather than the loss (batch norm's running
 statistics, dropout's masks) the engine handles itself, for a plug-in that says its loss may
 run such a network (``batch_norm_and_dropout``).
+
+How members step is the task's optimizer by default (``optimizer``: the stacked one of its
+``optimizer.name``, cohort/optim.py). An optimizer that reads each sample's data loss
+(FIM-L-BFGS's diagonal Fisher) stacks only for a plug-in that gives it (``sample_losses``);
+a task that measures instead of training (FIM-L-BFGS's curvature probe) names its own.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Hashable, Optional, Protocol, Sequence
 import torch
 from torch import Tensor, nn
 
+from fl_lightning.cohort.optim import OptimizerChoice, stacked_choice
 from fl_lightning.functional import Forward, weighted_mean  # noqa: F401 (the plug-ins' vocabulary)
 from fl_lightning.messages import ClientResult, ClientTask
 
@@ -44,6 +50,9 @@ class CohortPlugin(ABC):
     #: batch ``x`` alone (batch norm's statistics are those of the batch's real samples, and each
     #: dropout layer applies the member's drawn masks row by row); False: such tasks train per client
     batch_norm_and_dropout: bool = False
+    #: whether ``sample_losses`` is given: optimizers that read each sample's data loss
+    #: (``MemberOptimizer.uses_sample_losses``) stack this plug-in's tasks only then
+    gives_sample_losses: bool = False
 
     def network(self, ctx, task: ClientTask) -> nn.Module:
         """The architecture ``task`` trains (only its code and shapes are used): the run's by default."""
@@ -69,6 +78,19 @@ class CohortPlugin(ABC):
         client alone draws them; None (the default): the loss draws nothing."""
         return None
 
+    def optimizer(self, task: ClientTask) -> Optional[OptimizerChoice]:
+        """How ``task``'s members step, as (member optimizer class, its settings): by default the
+        task's own optimizer, if it stacks (``cohort.optim.STACKED_OPTIMIZERS``); None: per client."""
+        return stacked_choice(task.optimizer)
+
+    def sample_losses(self, forward: Forward, params: dict[str, Tensor], consts: dict[str, Tensor], x: Tensor,
+                      y: Tensor) -> Tensor:
+        """Each sample's data loss (B,) on a batch: the loss's data term without its
+        regularisers (FedProx's, FedDANE's), the one whose per-sample gradients an optimizer may
+        read (FIM-L-BFGS's diagonal Fisher); called under ``torch.func.vmap`` on one-sample
+        batches. Only with ``gives_sample_losses``."""
+        raise NotImplementedError(f"{type(self).__name__} gives no per-sample losses")
+
     @abstractmethod
     def loss(self, forward: Forward, params: dict[str, Tensor], consts: dict[str, Tensor], x: Tensor, y: Tensor,
              weight: Tensor, **inputs) -> Tensor:
@@ -78,7 +100,9 @@ class CohortPlugin(ABC):
     @abstractmethod
     def result(self, task: ClientTask, params: list[dict[str, Tensor]], losses: list[float], steps: int,
                num_samples: int, client_state: dict[str, Tensor]) -> ClientResult:
-        """The client's result from its members' final parameters and last-epoch mean losses."""
+        """The client's result from its members' final parameters and last-epoch mean losses
+        (``params[m]``: member m's state dict and, from a member optimizer that hands tensors
+        back, e.g. a probe's sums, those under its own names: ``MemberOptimizer.outputs``)."""
 
 
 class DrawSource(Protocol):

@@ -1,23 +1,33 @@
 """Per-member optimizers over stacked parameters (leading dim = member), with a step mask.
 
-The arithmetic is ``torch.optim.SGD``'s and ``torch.optim.Adam``'s (L2 weight decay added
-to the gradient; SGD's momentum buffer starting at the first gradient; Adam's bias
-correction with each member's own step count), applied to all members at once, each member
-with its own learning rate (the runs of a stacked sweep may differ in it). A member
-whose mask is 0 in a step keeps its parameters and its state exactly: it takes the steps it
-would take alone, no more. Every update is in place, so a CUDA graph can capture it.
+A member optimizer (``MemberOptimizer``) updates every member whose mask is 1 and leaves a
+member whose mask is 0 exactly as it was, parameters and state: a member takes the steps it
+would take alone, no more. Each member has its own learning rate (the runs of a stacked
+sweep may differ in it). Every update is in place and of fixed shapes, so a CUDA graph can
+capture it. An optimizer whose step needs more than the gradient says so: it reads a
+statistic of the batch's per-sample data losses (``batch_statistic``, e.g. FIM-L-BFGS's
+diagonal Fisher), which the engine computes per member inside the vectorised step from the
+plug-in's ``CohortPlugin.sample_losses``; or, measuring instead of training, it needs no
+gradient of the loss at all (``uses_gradient``) and hands sums back with the members'
+parameters (``outputs``).
+
+``StackedOptimizer`` is ``torch.optim.SGD``'s and ``torch.optim.Adam``'s arithmetic (L2
+weight decay added to the gradient; SGD's momentum buffer starting at the first gradient;
+Adam's bias correction with each member's own step count), applied to all members at once.
+Others register under their ``optimizer.name`` beside the per-client optimizer they stack
+(``register_stacked_optimizer``; FIM-L-BFGS's in algorithms/fimlbfgs/stacked.py).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from dataclasses import asdict
+from typing import Any, Callable, ClassVar, Hashable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from fl_lightning.config import OptimizerConfig
 
-STACKED_OPTIMIZERS = ("sgd", "adam")  # others (fim_lbfgs) train per client
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as the per-client engine uses them
 ADAM_EPS = 1e-8
 
@@ -26,22 +36,63 @@ def per_member(mask: Tensor, like: Tensor) -> Tensor:
     return mask.view(-1, *([1] * (like.dim() - 1))).to(like.dtype)
 
 
-class StackedOptimizer:
-    """``step(params, grads, mask)`` updates every member whose mask is 1; ``lr``: each
-    member's learning rate (default: ``cfg.lr`` for all), a tensor a later round may overwrite."""
+class MemberOptimizer:
+    """One optimizer per member over stacked parameters: ``step(params, grads, mask,
+    statistic)`` updates every member whose mask is 1. ``settings``: what the class takes (an
+    ``OptimizerConfig`` for a training optimizer); ``lr``: each member's learning rate
+    (default: ``settings.lr`` for all), a tensor a later round may overwrite."""
 
-    def __init__(self, cfg: OptimizerConfig, params: Sequence[Tensor], lr: Optional[Sequence[float]] = None) -> None:
+    #: whether ``step`` reads, besides the gradient, ``batch_statistic`` of the step's batch
+    uses_sample_losses: ClassVar[bool] = False
+    #: whether ``step`` reads the gradient of the plug-in's loss (False: the engine only evaluates it)
+    uses_gradient: ClassVar[bool] = True
+
+    def __init__(self, settings: Any, params: Sequence[Tensor], lr: Optional[Sequence[float]] = None) -> None:
         members = params[0].shape[0]
-        rates = [cfg.lr] * members if lr is None else list(lr)
+        rates = [getattr(settings, "lr", 1.0)] * members if lr is None else list(lr)  # a probe's settings have none
         if len(rates) != members:
             raise ValueError(f"{len(rates)} learning rates for {members} members")
         for rate in rates:
             if rate <= 0:
                 raise ValueError(f"optimizer.lr={rate} must be > 0")
+        self.settings = settings
+        self.lr = torch.tensor(rates, dtype=torch.float32, device=params[0].device)
+
+    @staticmethod
+    def shared_settings(settings: Any) -> Hashable:
+        """What members must share to stack in one cohort: every setting but the learning rate."""
+        return tuple((k, v) for k, v in asdict(settings).items() if k != "lr")
+
+    def tensors(self) -> list[Tensor]:
+        """All state tensors (zeroed for a new round; snapshot and restored around a CUDA graph's warm-up)."""
+        return []
+
+    def batch_statistic(self, sample_losses: Callable[[dict[str, Tensor], Tensor, Tensor], Tensor],
+                        params: dict[str, Tensor], x: Tensor, y: Tensor, weight: Tensor) -> list[Tensor]:
+        """One member's statistic of its batch (under ``vmap``; ``sample_losses(params, x, y)``:
+        each sample's data loss, ``weight``: 1 real, 0 padding), handed to ``step``; only
+        called when ``uses_sample_losses``."""
+        raise NotImplementedError(f"{type(self).__name__} reads no per-sample losses")
+
+    def step(self, params: Sequence[Tensor], grads: Sequence[Tensor], mask: Tensor,
+             statistic: Sequence[Tensor] = ()) -> None:
+        raise NotImplementedError
+
+    def outputs(self, names: Sequence[str]) -> dict[str, Tensor]:
+        """Stacked tensors (members, ...) that go back with the members' parameters (``names``:
+        the parameters' names, in ``params`` order); none for an optimizer that trains."""
+        return {}
+
+
+class StackedOptimizer(MemberOptimizer):
+    """SGD (with momentum and weight decay) or Adam, per member."""
+
+    def __init__(self, cfg: OptimizerConfig, params: Sequence[Tensor], lr: Optional[Sequence[float]] = None) -> None:
+        super().__init__(cfg, params, lr)
         if cfg.name not in ("sgd", "adam"):
             raise ValueError(f"optimizer.name={cfg.name!r} is unknown; choose sgd or adam")
         self.cfg = cfg
-        self.lr = torch.tensor(rates, dtype=torch.float32, device=params[0].device)
+        members = params[0].shape[0]
         self.state: dict[str, list[Tensor]] = {}
         if cfg.name == "sgd" and cfg.momentum:
             self.state["momentum"] = [torch.zeros_like(p) for p in params]
@@ -51,11 +102,11 @@ class StackedOptimizer:
             self.state["step"] = [torch.zeros(members, device=params[0].device)]
 
     def tensors(self) -> list[Tensor]:
-        """All state tensors (to snapshot and restore around a CUDA graph's warm-up)."""
         return [t for group in self.state.values() for t in group]
 
     @torch.no_grad()
-    def step(self, params: Sequence[Tensor], grads: Sequence[Tensor], mask: Tensor) -> None:
+    def step(self, params: Sequence[Tensor], grads: Sequence[Tensor], mask: Tensor,
+             statistic: Sequence[Tensor] = ()) -> None:
         cfg = self.cfg
         if cfg.weight_decay:
             grads = [g + cfg.weight_decay * p for g, p in zip(grads, params)]
@@ -82,3 +133,21 @@ class StackedOptimizer:
             denom = v.sqrt() / per_member(bias2_sqrt, p) + ADAM_EPS
             update = per_member(self.lr / bias1, p) * m / denom
             p.sub_(torch.where(on, update, torch.zeros_like(update)))
+
+
+#: ``optimizer.name`` -> the member optimizer that stacks it; other names train per client
+STACKED_OPTIMIZERS: dict[str, type[MemberOptimizer]] = {"sgd": StackedOptimizer, "adam": StackedOptimizer}
+
+
+def register_stacked_optimizer(name: str, kind: type[MemberOptimizer]) -> None:
+    STACKED_OPTIMIZERS[name] = kind
+
+
+#: how a cohort's members step: a member optimizer's class and the settings it takes
+OptimizerChoice = tuple[type[MemberOptimizer], Any]
+
+
+def stacked_choice(cfg: OptimizerConfig) -> Optional[OptimizerChoice]:
+    """The member optimizer of a task's ``optimizer`` settings; None: it does not stack."""
+    kind = STACKED_OPTIMIZERS.get(cfg.name)
+    return None if kind is None else (kind, cfg)

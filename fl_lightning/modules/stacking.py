@@ -8,6 +8,9 @@ tensor (G, ...)). Two ways to run them, with the same result:
   on a CPU, where oneDNN's grouped convolutions and per-call parameter swapping measured
   slower than plain modules (bench/README.md).
 Each copy's output depends on its own parameters only, so the copies stay independent.
+Batch norm's running statistics travel stacked beside the parameters (a detector on MobileNet):
+each copy keeps its own; ``vmap`` runs such copies in evaluation only (their statistics are
+updated in place, which vmap cannot do; the loop and the cohort engine train them).
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from torch.func import functional_call, stack_module_state, vmap
 
 
 def stack_models(models: list[nn.Module]) -> dict[str, Tensor]:
-    """Parameters of ``models`` stacked along dim 0: name -> tensor (G, ...)."""
+    """State dicts of ``models`` (parameters and batch norm's running statistics) stacked
+    along dim 0: name -> tensor (G, ...), in state-dict order."""
     params, buffers = stack_module_state(models)
-    if buffers:
-        raise ValueError(f"stacked architectures must have no buffers (batch norm?), found {sorted(buffers)}")
-    return {name: p.detach().clone() for name, p in params.items()}
+    order = list(models[0].state_dict())
+    stacked = {**params, **buffers}
+    return {name: stacked[name].detach().clone() for name in order}
 
 
 class StackedModel(nn.Module):
@@ -41,7 +45,11 @@ class StackedModel(nn.Module):
             # The template only lends its forward code; on the meta device its own
             # parameters cost no memory and never reach an optimizer.
             self._template = [copy.deepcopy(template).to("meta")]
-            self.weights = nn.ParameterList([nn.Parameter(stacked[n].clone()) for n in self.names])
+            parameters = {n for n, _ in template.named_parameters()}
+            self.weights = nn.ParameterList([nn.Parameter(stacked[n].clone()) for n in self.names if n in parameters])
+            self.buffer_names = [n for n in self.names if n not in parameters]
+            for k, n in enumerate(self.buffer_names):  # moved with the module, never trained
+                self.register_buffer(f"stacked_buffer_{k}", stacked[n].clone())
         else:
             self.copies = nn.ModuleList()
             for g in range(count):
@@ -53,18 +61,28 @@ class StackedModel(nn.Module):
     def num_models(self) -> int:
         return len(self.copies) if self.mode == "loop" else self.weights[0].shape[0]
 
+    def _stacked_buffers(self) -> list[Tensor]:
+        return [getattr(self, f"stacked_buffer_{k}") for k in range(len(self.buffer_names))]
+
     def forward(self, x: Tensor) -> Tensor:
         if self.mode == "loop":
             return torch.stack([model(x) for model in self.copies])
-        template = self._template[0]
+        if self.buffer_names and self.training:
+            raise ValueError("stacking 'vmap' trains networks without batch norm only (vmap cannot update "
+                             "running statistics in place): use stacking 'loop' or the cohort engine")
+        template = self._template[0].train(self.training)
+        names = [n for n in self.names if n not in self.buffer_names] + self.buffer_names
 
-        def one_model(params, inputs):
-            return functional_call(template, dict(zip(self.names, params)), (inputs,))
+        def one_model(tensors, inputs):
+            return functional_call(template, dict(zip(names, tensors)), (inputs,))
 
-        return vmap(one_model, in_dims=(0, None))(tuple(self.weights), x)
+        return vmap(one_model, in_dims=(0, None))((*self.weights, *self._stacked_buffers()), x)
 
     def stacked_state(self) -> dict[str, Tensor]:
+        """Every copy's state dict (parameters and running statistics), stacked, in state-dict order."""
         if self.mode == "vmap":
-            return {n: p.detach().cpu().clone() for n, p in zip(self.names, self.weights)}
-        states = [dict(model.named_parameters()) for model in self.copies]
+            tensors = dict(zip([n for n in self.names if n not in self.buffer_names] + self.buffer_names,
+                               [*self.weights, *self._stacked_buffers()]))
+            return {n: tensors[n].detach().cpu().clone() for n in self.names}
+        states = [model.state_dict() for model in self.copies]
         return {n: torch.stack([s[n].detach().cpu().contiguous() for s in states]) for n in self.names}

@@ -350,7 +350,7 @@ class AthenaFL(Strategy):
         """Per detector row: how often (logit > 0) == (y is its class), in float64 on the CPU."""
         index = torch.tensor(rows)
         stacked = {k: v[index] for k, v in prefixed(state, DET).items()}
-        model = StackedModel(self.template, stacked, mode=self.stacking).to(x.device)
+        model = StackedModel(self.template, stacked, mode=self.stacking).to(x.device).eval()
         logits = torch.cat([model(x[i:i + 500]).squeeze(-1) for i in range(0, len(x), 500)], dim=1)
         positives = y.unsqueeze(0) == state[DET_CLASS][index].to(y.device).unsqueeze(1)
         return ((logits > 0) == positives).double().mean(1).cpu()

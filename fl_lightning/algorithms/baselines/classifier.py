@@ -19,12 +19,18 @@ from fl_lightning.modules.learner import LocalLearner
 from fl_lightning.plugins import ClientPlugin, register_client_plugin
 
 
+def classifier_sample_losses(forward: Forward, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+    """Each sample's cross-entropy (B,): the FedAvg family's data loss, whose per-sample gradients
+    make FIM-L-BFGS's diagonal Fisher (without FedProx's and FedDANE's terms, which are not data)."""
+    return F.cross_entropy(forward(params, x).float(), y, reduction="none")
+
+
 def classifier_objective(forward: Forward, params: dict[str, Tensor], consts: dict[str, Tensor], x: Tensor,
                          y: Tensor, weight: Tensor) -> Tensor:
     """The FedAvg family's local loss, written once for both engines: cross-entropy over the
     batch's real samples, plus FedProx's proximal term mu/2 ||w - w_start||^2 (``consts["mu"]``,
     ``consts["start.<name>"]``) and FedDANE's linear term <c, w - w_start> (``consts["linear.<name>"]``)."""
-    loss = weighted_mean(F.cross_entropy(forward(params, x).float(), y, reduction="none"), weight)
+    loss = weighted_mean(classifier_sample_losses(forward, params, x, y), weight)
     if "mu" in consts:
         distance = sum(((p - consts[f"start.{n}"]) ** 2).sum() for n, p in params.items())
         loss = loss + consts["mu"] / 2 * distance
@@ -115,10 +121,12 @@ class MultiClassClassifier(LocalLearner):
     def _fim_lbfgs_step(self, x: Tensor, y: Tensor) -> Tensor:
         """One FIM-based L-BFGS step (Algorithm 2 on the client): the diagonal empirical Fisher
         of this batch's cross-entropy, then the two-loop direction from the closure's gradient."""
-        from fl_lightning.algorithms.fimlbfgs.optimizer import batch_fisher
+        from fl_lightning.algorithms.fimlbfgs.per_sample import batch_fisher_of
 
         optimizer = self.optimizers()
-        fisher = batch_fisher(self.network, F.cross_entropy, x, y)
+        params = {n: p.detach() for n, p in self.network.named_parameters()}
+        fisher = batch_fisher_of(lambda p, xb, yb: classifier_sample_losses(self.functional, p, xb, yb), params, x, y)
+        fisher = [fisher[n] for n in params]  # the optimizer's (parameters') order
 
         def closure():
             optimizer.zero_grad()
@@ -263,6 +271,7 @@ class ClassifierCohort(CohortPlugin):
     FedAvg-MobileNet baseline, ATHENA-FL's probe) stack too."""
 
     batch_norm_and_dropout = True
+    gives_sample_losses = True  # fim_lbfgs stacks too (on networks without batch norm and dropout)
 
     def network(self, ctx, task):
         return task_architecture(ctx, task)
@@ -283,6 +292,9 @@ class ClassifierCohort(CohortPlugin):
 
     def loss(self, forward, params, consts, x, y, weight):
         return classifier_objective(forward, params, consts, x, y, weight)
+
+    def sample_losses(self, forward, params, consts, x, y):
+        return classifier_sample_losses(forward, params, x, y)
 
     def result(self, task, params, losses, steps, num_samples, client_state):
         (state,) = params

@@ -5,8 +5,9 @@ Party side (``train_party``), repeated for each of its s partitionings:
     split the local data into t disjoint parts, train one teacher per part;
     label the unlabelled public data by the teachers' majority vote;
     train a student on the public data with those labels.
-The party uploads its s students. Server side (``vote_counts``): the final model is trained on
-the public data labelled by the students' vote. The authors' code, without privacy noise, sums
+The party uploads its s students (under the cohort engine, fedkt/cohort.py trains a group of
+parties' teachers, then their students, as cohorts: the same networks). Server side
+(``vote_counts``): the final model is trained on the public data labelled by the students' vote. The authors' code, without privacy noise, sums
 every student's vote (``consistent=False``, the FedKT strategy's default); the paper's consistent voting
 (``consistent=True``) lets a party vote, with s votes, only where all its s students agree.
 
@@ -88,7 +89,8 @@ def party_task(client_id: int, optimizer: OptimizerConfig, num_classes: int, con
 
 
 class PartyClient(ClientPlugin):
-    """FedKT's party: not one module fitted once, so it overrides ``train`` as a whole."""
+    """FedKT's party: not one module fitted once, so it overrides ``train`` as a whole; under the
+    cohort engine a group of parties trains as two cohorts (fedkt/cohort.py)."""
 
     def build(self, ctx, task, client_state):
         raise NotImplementedError("a FedKT party trains several networks (train_party)")
@@ -99,22 +101,88 @@ class PartyClient(ClientPlugin):
     def train(self, ctx, task, indices, seed, callbacks, client_state):
         return train_party(ctx, task, indices, seed, classifier_fitter(ctx, task, callbacks))
 
+    def train_group_in_cohorts(self, jobs, seeds, cohorts, cohort_size):
+        from fl_lightning.algorithms.fedkt.cohort import train_parties_in_cohorts
+
+        return train_parties_in_cohorts(jobs, seeds, cohorts, cohort_size)
+
 
 def classifier_fitter(ctx: "ClientContext", task: ClientTask, callbacks: Sequence):
     """``fit(network, x, y, indices, epochs, seed) -> (network, steps, last-epoch loss)``:
-    cross-entropy training of one network by a per-client Trainer (teachers and students)."""
+    cross-entropy training of one network by a per-client Trainer (teachers and students); the
+    network's ``seed`` orders its batches and draws its dropout masks."""
+    from fl_lightning.algorithms.baselines.classifier import MultiClassClassifier
+    from fl_lightning.callbacks.dropout import DropoutDraws
     from fl_lightning.client import fit_module
     from fl_lightning.data.batches import ClientBatches
-    from fl_lightning.algorithms.baselines.classifier import MultiClassClassifier
 
     def fit(network: nn.Module, x: Tensor, y: Tensor, indices: np.ndarray, epochs: int, seed: int):
         batches = ClientBatches(x, y, torch.as_tensor(indices), ctx.federation.batch_size,
                                 torch.Generator().manual_seed(seed))
         module = MultiClassClassifier(network, task.optimizer)
-        steps, loss = fit_module(ctx, module, batches, epochs, callbacks)
+        # masks drawn from the network's own seed, not from torch's global generator (which also
+        # draws the next network's initial parameters): the cohort engine draws the same masks
+        steps, loss = fit_module(ctx, module, batches, epochs, [*callbacks, DropoutDraws(seed, tuple(x.shape[1:]))])
         return module.network, steps, loss
 
     return fit
+
+
+@dataclass
+class NetworkToTrain:
+    """A teacher or student before training: its initial network, the samples it trains on
+    (local indices for a teacher, public ones for a student) and its seed (batch order, dropout)."""
+
+    network: nn.Module
+    samples: np.ndarray
+    seed: int
+
+
+@dataclass
+class Partitioning:
+    """One of a party's s partitionings: its t teachers (those with samples) and its student."""
+
+    teachers: list[NetworkToTrain]
+    student: NetworkToTrain
+
+
+def party_config(task: ClientTask) -> KnowledgeTransferConfig:
+    return KnowledgeTransferConfig(**task.settings["knowledge_transfer"])
+
+
+def drawn_partitionings(ctx: "ClientContext", task: ClientTask, indices: np.ndarray, seed: int):
+    """A party's partitionings, one after another: the split into t parts (a part with no sample,
+    fewer samples than teachers, has no teacher), each teacher's initial network (torch's global
+    generator) and seed, then the student's (``np.random.default_rng(seed)`` for the split and
+    seeds). Training draws nothing from either generator, so drawing a partitioning just before
+    training it (per client) or every partitioning up front (the cohort) gives the same networks."""
+    if ctx.public_x is None:
+        raise ValueError("FedKT's parties need the unlabelled public data (ClientContext.public_x)")
+    cfg = party_config(task)
+    rng = np.random.default_rng(seed)
+    public = np.arange(len(ctx.public_x))
+    for _ in range(cfg.partitions):
+        teachers = [NetworkToTrain(reinitialised(ctx.template), part, int(rng.integers(2**31)))
+                    for part in teacher_split(indices, cfg.teachers, rng) if len(part)]
+        yield Partitioning(teachers, NetworkToTrain(reinitialised(ctx.template), public, int(rng.integers(2**31))))
+
+
+def teacher_epochs(ctx: "ClientContext", task: ClientTask) -> int:
+    """The teachers' local epochs: the task's, else federation.local_epochs."""
+    return task.epochs if task.epochs is not None else ctx.federation.local_epochs
+
+
+def public_labels(teachers: Sequence[nn.Module], public_x: Tensor, num_classes: int) -> Tensor:
+    """The public data labelled by the teachers' majority vote."""
+    return majority_vote(predict_classes(teachers, public_x), num_classes)
+
+
+def party_result(task: ClientTask, students: Sequence[dict[str, Tensor]], num_samples: int, loss: float,
+                 steps: int) -> ClientResult:
+    """The party's upload: its s students' state dicts stacked (s, ...); ``loss``: the last student's."""
+    states = [{k: v.detach().cpu() for k, v in s.items()} for s in students]
+    params = {k: torch.stack([s[k] for s in states]) for k in states[0]}
+    return ClientResult(task.client_id, params, num_samples, (), loss, steps)
 
 
 def train_party(ctx: "ClientContext", task: ClientTask, indices: np.ndarray, seed: int, fit) -> ClientResult:
@@ -123,30 +191,21 @@ def train_party(ctx: "ClientContext", task: ClientTask, indices: np.ndarray, see
     ``fit(network, x, y, indices, epochs, seed) -> (trained network, steps, last-epoch loss)``
     trains a multi-class classifier by cross-entropy with a per-client Trainer
     (fl_lightning.client)."""
-    cfg = KnowledgeTransferConfig(**task.settings["knowledge_transfer"])
     num_classes = task.settings["num_classes"]
-    epochs = task.epochs if task.epochs is not None else ctx.federation.local_epochs
-    if ctx.public_x is None:
-        raise ValueError("FedKT's parties need the unlabelled public data (ClientContext.public_x)")
-    rng = np.random.default_rng(seed)
     students, steps, loss = [], 0, float("nan")
-    for _ in range(cfg.partitions):
+    for partitioning in drawn_partitionings(ctx, task, indices, seed):
         teachers = []
-        for part in teacher_split(indices, cfg.teachers, rng):
-            if len(part) == 0:  # fewer samples than teachers
-                continue
-            teacher, n, _ = fit(reinitialised(ctx.template), ctx.x, ctx.y, part, epochs, int(rng.integers(2**31)))
+        for drawn in partitioning.teachers:
+            teacher, n, _ = fit(drawn.network, ctx.x, ctx.y, drawn.samples, teacher_epochs(ctx, task), drawn.seed)
             teachers.append(teacher)
             steps += n
-        labels = majority_vote(predict_classes(teachers, ctx.public_x), num_classes)
-        public = np.arange(len(ctx.public_x))
-        student, n, loss = fit(reinitialised(ctx.template), ctx.public_x, labels, public, cfg.student_epochs,
-                               int(rng.integers(2**31)))
-        students.append(student)
+        labels = public_labels(teachers, ctx.public_x, num_classes)
+        drawn = partitioning.student
+        student, n, loss = fit(drawn.network, ctx.public_x, labels, drawn.samples, party_config(task).student_epochs,
+                               drawn.seed)
+        students.append(student.state_dict())
         steps += n
-    states = [{k: v.detach().cpu() for k, v in s.state_dict().items()} for s in students]
-    params = {k: torch.stack([s[k] for s in states]) for k in states[0]}
-    return ClientResult(task.client_id, params, len(indices), (), loss, steps)
+    return party_result(task, students, len(indices), loss, steps)
 
 
 register_client_plugin("knowledge_transfer", PartyClient())

@@ -112,7 +112,7 @@ class _Ensemble(Strategy):
         if not bool(voters.any()):
             raise RuntimeError("no client has trained yet: the ensemble has no voters")
         stacked = {k: v.to(x.device)[voters] for k, v in self.models(state).items()}
-        return StackedModel(self.template, stacked, mode=self.stacking).to(x.device)(x).float().softmax(-1)
+        return StackedModel(self.template, stacked, mode=self.stacking).to(x.device).eval()(x).float().softmax(-1)
 
     def vote(self, probs: Tensor) -> Tensor:
         raise NotImplementedError

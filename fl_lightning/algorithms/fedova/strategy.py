@@ -55,7 +55,7 @@ class FedOVA(Strategy):
         return new, {f"group_size/{c}": n for c, n in sorted(group_sizes.items())}
 
     def predict_logits(self, state: State, x: Tensor) -> Tensor:
-        model = StackedModel(self.template, state, mode=self.stacking).to(x.device)
+        model = StackedModel(self.template, state, mode=self.stacking).to(x.device).eval()
         return model(x).squeeze(-1).transpose(0, 1)  # (batch, n)
 
     def extra_metrics(self, state: State, x: Tensor, y: Tensor, scores: Tensor) -> dict[str, float]:

@@ -1,19 +1,54 @@
 """A client that measures instead of training: ClientUpdate of FIM-L-BFGS (the FedOVA journal
-paper, Algorithm 1) and FedDANE's gradient phase."""
+paper, Algorithm 1) and FedDANE's gradient phase.
+
+Per client, a ``CurvatureProbe`` (a LightningModule run for one pass); in the cohort engine,
+curvature_cohort.py's ``CurvatureCohort``. Both engines compute the sums with ``probe_sums``
+(per_sample.py's ``gradient_sums`` of ``probe_sample_losses``) and return ``probe_result``.
+
+Precision, in both engines: the probe runs in float32 with autocast off, forward and backward
+(the loss, the per-sample gradients, the sums), whatever the Trainer's precision, so bf16-mixed
+leaves the probes exact. The autocast context must enclose the gradient computation, not only
+the loss: torch.func's ``grad`` runs the backward where it is called, and under CPU bf16
+autocast that backward rounds the probe's gradients to bf16 (1e-3 of head.2.weight's
+gradient, measured on the smooth test network).
+"""
 
 from __future__ import annotations
 
 import copy
 from typing import Optional, Sequence
 
-
 import torch
-import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
-from torch.func import functional_call, grad, grad_and_value, vmap
+
+from fl_lightning.algorithms.baselines.classifier import classifier_sample_losses
+from fl_lightning.algorithms.fedova.detectors import detector_sample_losses
+from fl_lightning.algorithms.fimlbfgs.per_sample import SampleLosses, gradient_sums, ones_like_batch
+from fl_lightning.functional import Forward, functional_forward
 from fl_lightning.messages import ClientResult, ClientTask, with_prefix
 from fl_lightning.plugins import ClientPlugin, register_client_plugin
+
+
+def probe_sample_losses(forward: Forward, params: dict[str, Tensor], consts: dict[str, Tensor], x: Tensor,
+                        y: Tensor) -> Tensor:
+    """Each sample's probed loss (B,): a detector's binary cross-entropy on y == its class
+    (``consts["target"]``, FedOVA's) or the classifier's cross-entropy (FedAvg's); in float32
+    with autocast off."""
+    with torch.autocast(x.device.type, enabled=False):
+        x = x.float()
+        if "target" in consts:
+            return detector_sample_losses(forward, params, consts, x, y)
+        return classifier_sample_losses(forward, params, x, y)
+
+
+def probe_sums(sample_losses: SampleLosses, params: dict[str, Tensor], x: Tensor, y: Tensor, weight: Tensor,
+               squares: bool, chunk_size: Optional[int] = None) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
+    """One network's batch sums over its real samples (``gradient_sums`` of ``sample_losses``,
+    ``probe_sample_losses`` of that network), with autocast off around the backward too (the
+    module's note)."""
+    with torch.autocast(x.device.type, enabled=False):
+        return gradient_sums(sample_losses, params, x, y, weight, squares, chunk_size)
 
 
 class CurvatureProbe(LightningModule):
@@ -69,13 +104,6 @@ class CurvatureProbe(LightningModule):
     def configure_optimizers(self):
         return None  # nothing is trained
 
-    def _losses(self, network: nn.Module, params: dict[str, Tensor], x: Tensor, target: Tensor) -> Tensor:
-        """Per-sample losses (B,) of ``network`` with ``params``."""
-        out = functional_call(network, params, (x,)).float()
-        if self.classes:
-            return F.binary_cross_entropy_with_logits(out.reshape(-1), target, reduction="none")
-        return F.cross_entropy(out, target, reduction="none")
-
     def training_step(self, batch, batch_idx):
         x, y = batch
         if not self._grad_sum:
@@ -85,30 +113,17 @@ class CurvatureProbe(LightningModule):
                 self._grad_sum.append(zeros)
                 self._fisher_sum.append({k: v.clone() for k, v in zeros.items()} if self.fisher else {})
         total = torch.zeros((), device=x.device)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            x = x.float()
-            for j, network in enumerate(self.networks):
-                params = {k: p.detach().float() for k, p in network.named_parameters()}
-                target = (y == self.classes[j]).float() if self.classes else y
-
-                def one_sample(p, xi, ti, network=network):
-                    return self._losses(network, p, xi.unsqueeze(0), ti.unsqueeze(0)).sum()
-
-                def batch_sum(p, network=network):  # its gradient is sum_i grad f_i
-                    values = self._losses(network, p, x, target)
-                    return values.sum(), values
-
-                if self.fisher:  # per-sample gradients (B, ...), then their sum and squared sum
-                    per_sample, values = vmap(grad_and_value(one_sample), in_dims=(None, 0, 0),
-                                              chunk_size=self.chunk_size)(params, x, target)
-                    for k, g in per_sample.items():
-                        self._grad_sum[j][k] += g.sum(0)
-                        self._fisher_sum[j][k] += g.square().sum(0)
-                else:
-                    g, values = grad(batch_sum, has_aux=True)(params)
-                    for k, v in g.items():
-                        self._grad_sum[j][k] += v
-                total += values.detach().mean()
+        for j, network in enumerate(self.networks):
+            params = {k: p.detach().float() for k, p in network.named_parameters()}
+            forward = functional_forward(network)
+            consts = {"target": torch.tensor(self.classes[j], device=y.device)} if self.classes else {}
+            gradient, squares, values = probe_sums(lambda p, xb, yb: probe_sample_losses(forward, p, consts, xb, yb),
+                                                   params, x, y, ones_like_batch(y), self.fisher, self.chunk_size)
+            for k, v in gradient.items():
+                self._grad_sum[j][k] += v
+            for k, v in squares.items():
+                self._fisher_sum[j][k] += v
+            total += values.detach().mean()
         self.samples += len(y)
         return total  # recorded as train/loss: the local loss at w_t (summed over detectors)
 
@@ -156,11 +171,18 @@ class CurvatureClient(ClientPlugin):
         return CurvatureProbe.from_state(ctx.template, task.params, task.classes, fisher=task.settings["fisher"])
 
     def result(self, task, module, num_samples, steps, loss, client_state):
-        gradient = module.gradient()  # sent back in place of a model
-        payload = with_prefix(module.diagonal_fisher(), FISHER) if task.settings["fisher"] else {}
-        kept = {**client_state, **with_prefix(gradient, KEPT_GRADIENT)} if task.settings.get("keep_gradient") \
-            else client_state
-        return ClientResult(task.client_id, gradient, num_samples, task.classes, loss, steps, payload, kept)
+        fisher = module.diagonal_fisher() if task.settings["fisher"] else None
+        return probe_result(task, module.gradient(), fisher, num_samples, loss, steps, client_state)
+
+
+def probe_result(task: ClientTask, gradient: dict[str, Tensor], fisher: Optional[dict[str, Tensor]], num_samples: int,
+                 loss: float, steps: int, client_state: dict[str, Tensor]) -> ClientResult:
+    """The gradient, sent back in place of a model; the Fisher (if probed) as payload; the
+    gradient kept by the client for the round's second phase (``keep_gradient``, FedDANE)."""
+    payload = with_prefix(fisher, FISHER) if fisher is not None else {}
+    kept = {**client_state, **with_prefix(gradient, KEPT_GRADIENT)} if task.settings.get("keep_gradient") \
+        else client_state
+    return ClientResult(task.client_id, gradient, num_samples, task.classes, loss, steps, payload, kept)
 
 
 register_client_plugin("curvature", CurvatureClient())
