@@ -356,7 +356,8 @@ def train_in_cohorts(jobs: Sequence[CohortJob], trainer_for: Callable[[ClientCon
         try:
             trained = trainer_for(group[0].ctx).train(
                 plugin, [(job.task, job.indices) for job in group], group[0].round_index, _client_seeds(group), epochs,
-                [dict(job.state or {}) for job in group], [job.ctx.federation.batch_size for job in group])
+                [dict(job.state or {}) for job in group], [job.ctx.federation.batch_size for job in group],
+                [job.ctx.on_epoch for job in group])
         except Exception as error:  # noqa: BLE001 - a failed cohort drops its clients only
             trained = _dropped(group, error)
         outcomes.update((position, _finished(job, outcome)) for position, job, outcome in zip(positions, group, trained))

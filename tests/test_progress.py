@@ -131,3 +131,42 @@ def test_one_shot_runs_keep_finished_clients_unless_told_otherwise(tmp_path, rou
     extra = ["--run.checkpoint_clients", setting] if setting else []
     _, _, federation = build_federation(["fit", *tiny_args(tmp_path, "--federation.rounds", str(rounds), *extra)])
     assert federation.keeps_client_results() is keeps
+
+
+@pytest.mark.parametrize("window", [None, 1])
+def test_the_cohort_reports_each_clients_finished_epochs_as_per_client(monkeypatch, window):
+    # three clients of 7, 12 and 20 samples, B = 5, E = 3: per client a report after every epoch;
+    # in the cohort one after every window of steps (a whole plan: one report each, at its end)
+    import numpy as np
+    import torch
+    from torch import nn
+
+    from fl_lightning.algorithms.baselines.classifier import ClassifierClient, classifier_task
+    from fl_lightning.client import ClientContext, make_trainer, progress_callbacks
+    from fl_lightning.cohort.engine import CohortRunner, CohortTrainer
+    from fl_lightning.config import FederationConfig, OptimizerConfig, TrainerConfig
+
+    if window is not None:
+        monkeypatch.setattr(CohortRunner, "window", property(lambda self: window))
+    reports: list[tuple[int, int, int]] = []
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 1, 4, 4, generator=g), torch.randint(0, 3, (40,), generator=g)
+    ctx = ClientContext(x, y, nn.Sequential(nn.Flatten(), nn.Linear(16, 3)),
+                        FederationConfig(batch_size=5, local_epochs=3), TrainerConfig(threads=1), seed=0,
+                        on_epoch=lambda *report: reports.append(report))
+    sizes, starts = [7, 12, 20], [0, 7, 19]
+    tasks = [(classifier_task(k, dict(ctx.template.state_dict()), OptimizerConfig("sgd", lr=0.1)),
+              np.arange(s, s + n)) for k, (s, n) in enumerate(zip(starts, sizes))]
+    plugin = ClassifierClient()
+
+    for k, (task, idx) in enumerate(tasks):
+        plugin.train(ctx, task, idx, k, progress_callbacks(ctx, k), {})
+    alone, reports[:] = list(reports), []
+    CohortTrainer(ctx, make_trainer).train(plugin.cohort, tasks, 0, [0, 1, 2], [3, 3, 3], [{}, {}, {}])
+
+    assert alone == [(k, e, 3) for k in range(3) for e in (1, 2, 3)]
+    if window is None:
+        assert sorted(reports) == [(k, 3, 3) for k in range(3)]
+    else:  # step by step: each client's epochs in order, as alone (clients interleaved)
+        assert len(reports) == 9
+        assert all([r for r in reports if r[0] == k] == [(k, e, 3) for e in (1, 2, 3)] for k in range(3))

@@ -329,6 +329,32 @@ def cohort_module(runner: CohortRunner):
     return CohortModule()
 
 
+def epoch_progress(clients: Sequence[int], plan: BatchPlan, epochs: Sequence[int],
+                   reporters: Sequence[Optional[Callable[[int, int, int], None]]]) -> list:
+    """A Lightning callback reporting each client's finished local epochs as the cohort's windows
+    of steps end (``reporter(client id, epochs done, epochs)``, as the per-client engine reports
+    after every epoch); none when no client has a reporter. A window of a plan without draws is
+    the whole plan, so such a cohort reports once, at its end."""
+    if not any(reporters):
+        return []
+    from lightning.pytorch.callbacks import Callback
+
+    class EpochProgress(Callback):
+        def __init__(self) -> None:
+            self.reported = [0] * len(clients)
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+            start, count = batch
+            done = int(start) + int(count)
+            for k, (client, steps, e, report) in enumerate(zip(clients, plan.steps, epochs, reporters)):
+                finished = min(e, done * e // steps) if steps else e
+                if report is not None and finished > self.reported[k]:
+                    self.reported[k] = finished
+                    report(client, finished, e)
+
+    return [EpochProgress()]
+
+
 class CohortTrainer:
     """Trains groups of stackable tasks; remembers the runner of each cohort shape so that a
     later round of the same shapes replays the captured graph."""
@@ -355,9 +381,12 @@ class CohortTrainer:
 
     def train(self, plugin: CohortPlugin, entries: Sequence[tuple], round_index: int, seeds: Sequence[int],
               epochs: Sequence[int], client_states: Sequence[dict],
-              batch_sizes: Optional[Sequence[int]] = None) -> list:
+              batch_sizes: Optional[Sequence[int]] = None,
+              reporters: Optional[Sequence[Optional[Callable[[int, int, int], None]]]] = None) -> list:
         """``entries``: (task, local indices), ``client_states`` what each client kept,
-        ``batch_sizes`` each entry's B (default: the run's); the results in the same order."""
+        ``batch_sizes`` each entry's B (default: the run's), ``reporters`` each entry's
+        ``on_epoch(client id, epochs done, epochs)`` (default: the run's ``ctx.on_epoch``); the
+        results in the same order."""
         members, member_entry = [], []  # member_entry[m]: the entry whose client member m trains on
         for k, (task, _) in enumerate(entries):
             own = plugin.members(task, client_states[k])
@@ -388,7 +417,9 @@ class CohortTrainer:
             self._runners[key] = runner
             while len(self._runners) > self.MAX_GRAPHS:
                 self._runners.pop(next(iter(self._runners)))
-        trainer = self.make_trainer(self.ctx, 1, self.fit_callbacks())
+        reporters = [self.ctx.on_epoch] * len(entries) if reporters is None else reporters
+        progress = epoch_progress([task.client_id for task, _ in entries], plan, epochs, reporters)
+        trainer = self.make_trainer(self.ctx, 1, [*self.fit_callbacks(), *progress])
         trainer.fit(cohort_module(runner), train_dataloaders=StepWindows(runner))
         params = runner.member_params()
         losses = runner.member_losses(member_entry)
