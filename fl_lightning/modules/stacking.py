@@ -58,6 +58,11 @@ class StackedModel(nn.Module):
                 self.copies.append(model.to(memory_format=torch.channels_last))
 
     @property
+    def architecture(self) -> nn.Module:
+        """One copy's network (loop), or the template lending vmap its code: the layers every copy has."""
+        return self.copies[0] if self.mode == "loop" else self._template[0]
+
+    @property
     def num_models(self) -> int:
         return len(self.copies) if self.mode == "loop" else self.weights[0].shape[0]
 

@@ -80,7 +80,7 @@ class BinaryDetector(LocalLearner):
     @property
     def network(self) -> nn.Module:
         """One detector's network (they share one architecture: its dropout layers are every copy's)."""
-        return self.detectors.copies[0] if self.detectors.mode == "loop" else self.detectors._template[0]
+        return self.detectors.architecture
 
     def trains_on(self, samples: int) -> bool:
         """Whether a batch of ``samples`` is trained on (batch norm cannot normalise a lone sample)."""
