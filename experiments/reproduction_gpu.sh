@@ -11,9 +11,11 @@
 #                fedov_stacked.py; runs named *_code_e200; a stack the deadline stops is lost, the
 #                finished ones stay; bench/gpu_check.sh's STACKED_FEDOV measures one; not yet run on a GPU);
 #   athena       ATHENA-FL Section 5.2.2: ATHENA-FL and FedAvg-MobileNet on MNIST and FMNIST (2
-#                classes per client) at ATHENA_ROUNDS (default 200, the paper's) rounds, over SEEDS
-#                (two cores: ~1 min a round; no GPU time measured yet, and a run the deadline
-#                stops is lost: lower ATHENA_ROUNDS if one call cannot hold it);
+#                classes per client), the text's and the authors' code's readings (*_code), at
+#                ATHENA_ROUNDS (default 200, the paper's) rounds, over SEEDS
+#                (two cores: ~1 min a round, the code reading ~9x that; no GPU time measured yet,
+#                and a run the deadline stops is lost: lower ATHENA_ROUNDS if one call cannot
+#                hold it);
 #   cifar        CIFAR-10: FedOVA Table I (FedAvg, then FedOVA, VGG-11, non-IID-2, CIFAR_ROUNDS
 #                rounds, default 100), FedOV Table 1's #C=2 cell at FEDOV_E, then ATHENA-FL's cell
 #                (ATHENA_ROUNDS), over SEEDS, images from the data.image_pack file CIFAR_PACK
@@ -106,7 +108,7 @@ for task in ${TASKS:-table1 datasharing}; do
         for data in mnist fmnist; do
           for method in athena fedavg_mobilenet; do
             in_budget || break 4
-            SEEDS=$seed ATHENA_ROUNDS=$athena_rounds ONLY="^${data}_C2_${method}$r_tag\$" bash experiments/reproduction.sh
+            SEEDS=$seed ATHENA_ROUNDS=$athena_rounds ONLY="^${data}_C2_${method}(_code)?$r_tag\$" bash experiments/reproduction.sh
           done
         done ;;
       cifar)
@@ -127,7 +129,9 @@ for task in ${TASKS:-table1 datasharing}; do
           [ "${CONCURRENT:-1}" = 1 ] || wait
         done
         wait
-        for name in cifar_C2_fedov_e${FEDOV_E:-200} cifar_C2_closeset_e${FEDOV_E:-200} cifar_C2_athena$r_tag cifar_C2_fedavg_mobilenet$r_tag; do
+        e_tag=$([ "${FEDOV_E:-200}" = 20 ] || echo "_e${FEDOV_E:-200}")  # reproduction.sh's FedOV names
+        for name in cifar_C2_fedov${READING_TAG-_code}$e_tag cifar_C2_closeset${READING_TAG-_code}$e_tag \
+            cifar_C2_athena$r_tag cifar_C2_fedavg_mobilenet$r_tag cifar_C2_athena_code$r_tag cifar_C2_fedavg_mobilenet_code$r_tag; do
           in_budget || break 3
           cifar_run $name
         done ;;

@@ -26,7 +26,8 @@ EXTRA = {
 # ATHENA-FL's code reading augments image pixels, which synthetic data have none of: shrunk to
 # the text's client data here; tests/test_athena_local_split.py runs the local split itself
 EXTRA.update({f"{method}_{data}_code": ["--federation.local_split", "none"]
-              for method in ("athena", "fedavg_mobilenet") for data in ("mnist", "fmnist")})
+              for method in ("athena", "fedavg_mobilenet") for data in ("mnist", "fmnist", "cifar")})
+EXTRA["athena_cifar_code"] += EXTRA["athena_cifar"]
 
 
 def test_every_config_is_covered():
