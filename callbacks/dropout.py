@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Optional
 
 from lightning.pytorch import Callback
-from torch import nn
 
 from fl_lightning.cohort.dropout import DropoutMasks, dropout_layers
 
@@ -24,9 +23,6 @@ class DropoutDraws(Callback):
         self.draws: Optional[DropoutMasks] = None
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        if not any(isinstance(m, nn.Dropout) for m in pl_module.network.modules()):
-            self.draws = None  # most networks: no meta copy to trace on every client's fit
-            return
         layers = dropout_layers(pl_module.network, self.sample_shape)
         self.draws = DropoutMasks(layers, self.seed) if layers else None
 

@@ -35,6 +35,8 @@ def has_other_dropout(network: nn.Module) -> bool:
 def dropout_layers(network: nn.Module, sample_shape: tuple[int, ...]) -> Layers:
     """The ``nn.Dropout`` layers of ``network`` with p > 0 and the shape of one sample's input to
     each, found by running a copy on the meta device (no arithmetic) on inputs of ``sample_shape``."""
+    if not any(isinstance(m, nn.Dropout) and m.p > 0 for m in network.modules()):
+        return {}  # most networks: no copy to trace on every client's fit
     meta = copy.deepcopy(network).to("meta").eval()
     found: Layers = {}
 
