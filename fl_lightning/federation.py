@@ -45,7 +45,8 @@ _RESUMABLE_CHANGES = {"federation.rounds", "run", "trainer", "data.root", "data.
 # Settings added after checkpoints were written: a checkpoint without one matches its default.
 _ADDED_SETTINGS = {"model.hidden_units": 0, "optimizer.history": 10, "optimizer.damping": 1e-3,
                    "optimizer.max_step_norm": None, "federation.on_divergence": "error",
-                   "federation.train_accuracy_samples": 0, "federation.local_split": "none"}
+                   "federation.train_accuracy_samples": 0, "federation.local_split": "none",
+                   "algorithm.init_args.distill_weight_decay": 0.0}
 
 
 class Federation:

@@ -1,5 +1,6 @@
 """FedOV: voting rules, the local open-set loss, FGSM enhancement, the one-shot strategies."""
 
+import copy
 import json
 
 import numpy as np
@@ -114,6 +115,22 @@ def test_distillation_moves_the_student_towards_the_teacher():
     assert kl(student) < 0.5 * before
 
 
+def test_distillation_weight_decay_reaches_adam():
+    # The teacher is the student's own prediction, so the KL gradient is (nearly) zero and only
+    # the L2 term moves the weights: towards zero with weight decay, (almost) nowhere without.
+    torch.manual_seed(0)
+    x = torch.randn(16, 1, 28, 28)
+    student = SimpleCNN(1, 28, 10)
+    with torch.no_grad():
+        teacher = torch.softmax(student(x), 1)
+    norm = lambda state: float(sum(v.float().pow(2).sum() for k, v in state.items() if "weight" in k) ** 0.5)
+    start = norm(student.state_dict())
+    cfg = lambda wd: DistillationConfig(epochs=1, lr=1e-3, batch_size=16, weight_decay=wd)
+    decayed = norm(distill(copy.deepcopy(student), x, teacher, cfg(0.1), seed=0))
+    plain = norm(distill(copy.deepcopy(student), x, teacher, cfg(0.0), seed=0))
+    assert decayed < start - 1e-3 and abs(plain - start) < abs(decayed - start) / 10
+
+
 FEDOV_ARGS = ["--algorithm", "FedOV", "--model.architecture", "simple_cnn", "--partition.scheme", "num_labels",
               "--partition.num_clients", "4", "--partition.labels_per_client", "1", "--federation.rounds", "1",
               "--federation.client_fraction", "1.0", "--federation.local_epochs", "1", "--federation.batch_size", "32",
@@ -167,8 +184,10 @@ def test_fedov_defaults_are_the_papers_appendix_b1():
     loss = strategy.loss()
     assert (loss.dummy_weight, loss.mixup_weight, loss.mixup_alpha, loss.destruction_weight, loss.adversarial_weight,
             loss.fgsm_steps, loss.fgsm_step_size) == (1.0, 0.01, 1.0, 1.0, 1.0, 5, 0.002)  # PROSER: the code reading
-    assert (strategy.distill, strategy.distill_epochs, strategy.distill_lr, strategy.distill_batch_size) == (
-        False, 100, 1e-3, 64)
+    # Distillation: the appendix's 100 epochs of Adam 1e-3; where it is silent, the code's test
+    # loader batches of 32 and weight decay 1e-5 (utils.py distill_soft)
+    assert (strategy.distill, strategy.distill_epochs, strategy.distill_lr, strategy.distill_batch_size,
+            strategy.distill_weight_decay) == (False, 100, 1e-3, 32, 1e-5)
     assert FedOV(top_k=1).top_k == 1
     with pytest.raises(ValueError, match="top_k"):
         FedOV(top_k=0)
@@ -196,7 +215,8 @@ def test_ensemble_trains_every_client_with_data_and_defaults_to_the_papers_disti
         state = strategy.initial_state(torch.Generator().manual_seed(0))
         assert strategy.configure_client(state, 2, np.array([7])) is not None  # one sample is enough
         assert strategy.configure_client(state, 1, np.array([], dtype=np.int64)) is None
-        assert (strategy.distill_epochs, strategy.distill_lr, strategy.distill_batch_size) == (100, 1e-3, 64)
+        assert (strategy.distill_epochs, strategy.distill_lr, strategy.distill_batch_size,
+                strategy.distill_weight_decay) == (100, 1e-3, 32, 1e-5)
 
 
 def test_distillation_teacher_is_the_vote_normalised_to_sum_one(monkeypatch):
@@ -274,3 +294,17 @@ def test_raw_pixels_give_fedov_the_identity_standardisation(tmp_path):
     strategy.setup(SimpleCNN(1, 28, 11), 10, OptimizerConfig("adam"), "loop",
                    ServerContext(num_clients=2, pixel_mean=raw.pixel_mean, pixel_std=raw.pixel_std))
     assert (strategy.loss().pixel_mean, strategy.loss().pixel_std) == ((0.0,), (1.0,))
+
+
+def test_a_checkpoint_from_before_the_distillation_weight_decay_resumes_only_with_its_behaviour():
+    from fl_lightning.federation import _config_differences
+
+    before = {"algorithm": {"class_path": "fl_lightning.algorithms.FedOV",
+                            "init_args": {"distill": True, "distill_batch_size": 64}}}
+    old_behaviour = {"algorithm": {"class_path": "fl_lightning.algorithms.FedOV",
+                                   "init_args": {"distill": True, "distill_batch_size": 64, "distill_weight_decay": 0.0}}}
+    assert _config_differences(before, old_behaviour) == []
+    now = {"algorithm": {"class_path": "fl_lightning.algorithms.FedOV",
+                         "init_args": {"distill": True, "distill_batch_size": 32, "distill_weight_decay": 1e-5}}}
+    assert [d.split(":")[0] for d in _config_differences(before, now)] == [
+        "algorithm.init_args.distill_batch_size", "algorithm.init_args.distill_weight_decay"]

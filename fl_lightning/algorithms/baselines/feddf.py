@@ -17,7 +17,8 @@ from fl_lightning.algorithms.baselines.fedavg import FedAvg
 class FedDF(FedAvg):
     """Args:
         distill_epochs, distill_lr, distill_batch_size: the server's distillation (Adam),
-            by default the same budget as Distilled FedOV's (100 epochs, 1e-3, 64).
+            by default FedOV Appendix B.1's budget (100 epochs, 1e-3) at the paper's batch
+            size 64 (FedOV's code has no FedDF to read a batch size or weight decay from).
         weighted: as FedAvg's (sample counts by default).
     """
 

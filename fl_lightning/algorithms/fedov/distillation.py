@@ -19,11 +19,13 @@ class DistillationConfig:
     epochs: passes over the public data (100).
     lr: Adam's learning rate (0.001).
     batch_size: 64.
+    weight_decay: Adam's L2 penalty (0).
     """
 
     epochs: int = 100
     lr: float = 1e-3
     batch_size: int = 64
+    weight_decay: float = 0.0
 
 
 class DistillationStudent(LocalLearner):
@@ -58,7 +60,7 @@ def distill(student: nn.Module, x: Tensor, teacher: Tensor, cfg: DistillationCon
     if len(x) != len(teacher):
         raise ValueError(f"{len(x)} public samples but {len(teacher)} teacher rows")
     torch.manual_seed(seed)
-    module = DistillationStudent(student, OptimizerConfig("adam", lr=cfg.lr))
+    module = DistillationStudent(student, OptimizerConfig("adam", lr=cfg.lr, weight_decay=cfg.weight_decay))
     batches = ClientBatches(x, teacher.float(), torch.arange(len(x), device=x.device), cfg.batch_size,
                             torch.Generator().manual_seed(seed))
     trainer = Trainer(max_epochs=cfg.epochs, accelerator=accelerator, devices=1, logger=False,

@@ -62,9 +62,10 @@ class _Ensemble(Strategy):
     kind = "classifier"
 
     def __init__(self, distill: bool = False, distill_epochs: int = 100, distill_lr: float = 1e-3,
-                 distill_batch_size: int = 64) -> None:
+                 distill_batch_size: int = 32, distill_weight_decay: float = 1e-5) -> None:
         self.distill = distill
         self.distill_epochs, self.distill_lr, self.distill_batch_size = distill_epochs, distill_lr, distill_batch_size
+        self.distill_weight_decay = distill_weight_decay
 
     @property
     def uses_public_data(self) -> bool:  # type: ignore[override]
@@ -129,7 +130,7 @@ class _Ensemble(Strategy):
         teacher = votes / votes.sum(1, keepdim=True).clamp_min(1e-12)  # v_n(x) = v(x) / |v(x)|_1
         student = self.context.make_model(self.num_classes)
         student.load_state_dict(prefixed(state, STUDENT))
-        cfg = DistillationConfig(self.distill_epochs, self.distill_lr, self.distill_batch_size)
+        cfg = DistillationConfig(self.distill_epochs, self.distill_lr, self.distill_batch_size, self.distill_weight_decay)
         trained = distill(student, x, teacher, cfg, self.context.seed, self.context.accelerator)
         return {STUDENT + k: v for k, v in trained.items()}
 
@@ -187,7 +188,10 @@ class FedOV(_Ensemble):
             k = 1..N is also reported as ``topk_accuracy/k``.
         distill: Distilled FedOV: also train a student on the public half of the test set
             towards the normalised votes; everything is then evaluated on the other half.
-        distill_epochs, distill_lr, distill_batch_size: the student's training (100, 1e-3, 64).
+        distill_epochs, distill_lr: the student's Adam training (Appendix B.1: 100 epochs, 1e-3).
+        distill_batch_size, distill_weight_decay: the appendix is silent; the code's (32, 1e-5):
+            its student trains on the test loader's batches of 32 with Adam's weight decay
+            ``--reg`` (utils.py ``distill_soft``).
     """
 
     name = "fedov"
@@ -197,8 +201,8 @@ class FedOV(_Ensemble):
                  destruction_weight: float = 1.0, adversarial_weight: float = 1.0, fgsm_steps: int = 5,
                  fgsm_step_size: float = 0.002, destruction_ops: tuple[str, ...] = CODE_DESTRUCTION_OPS,
                  top_k: Optional[int] = None, distill: bool = False, distill_epochs: int = 100,
-                 distill_lr: float = 1e-3, distill_batch_size: int = 64) -> None:
-        super().__init__(distill, distill_epochs, distill_lr, distill_batch_size)
+                 distill_lr: float = 1e-3, distill_batch_size: int = 32, distill_weight_decay: float = 1e-5) -> None:
+        super().__init__(distill, distill_epochs, distill_lr, distill_batch_size, distill_weight_decay)
         unknown_ops = set(destruction_ops) - set(DESTRUCTION_OPS)
         if unknown_ops or not destruction_ops:
             what = f"unknown {sorted(unknown_ops)}" if unknown_ops else "is empty"
