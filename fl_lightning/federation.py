@@ -42,7 +42,8 @@ _RESUMABLE_CHANGES = {"federation.rounds", "run", "trainer", "data.root", "data.
                       "data.mirror", "data.download", "data.speech_commands_dir", "data.fsdd_dir", "federation.eval_every",
                       "ckpt_path", "federation.per_client_eval", "federation.on_divergence",
                       "federation.train_accuracy_samples"}
-# Settings added after checkpoints were written: a checkpoint without one matches its default.
+# Settings added after checkpoints were written: a checkpoint without one matches the value that
+# behaves as the code did before (its default, unless the default was the change).
 _ADDED_SETTINGS = {"model.hidden_units": 0, "optimizer.history": 10, "optimizer.damping": 1e-3,
                    "optimizer.max_step_norm": None, "federation.on_divergence": "error",
                    "federation.train_accuracy_samples": 0, "federation.local_split": "none",
