@@ -29,7 +29,8 @@ Runs at the paper's budget that do not yet hold the cell's seeds (FedOV at E = 2
 cores: two and a half to three hours a run) go in ``budget_runs``: the row and the headline show their figure and
 protocol beside the cell's, and the cell's mean and verdict stay those of ``runs``; the
 headline also names a cell within 3 points whose budget runs are not. Once they hold the
-seeds, ``runs`` points at them instead.
+seeds, ``runs`` points at them instead. Where the paper states no budget, ``budget_label`` says
+what the larger budget is (e.g. "at 200 rounds, twice Table I's (the paper states none)").
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class Cell:
     paper_rounds: Optional[int] = None
     metric: str = ""        # a history key to report instead of the final accuracy (its last value)
     budget_runs: str = ""   # runs at the paper's budget with fewer seeds: shown beside, not in the mean
+    budget_label: str = "at the paper's budget"  # what budget_runs are, where the paper states no budget
     reading: str = ""       # which reading of the paper the runs follow (code | text; docs/reproduction_readings.md)
     gap: str = ""           # a cell outside 3 points: its measured cause (budget | reading | the paper's figure), with the evidence
     reading_of: str = ""    # id of the paper cell this row reads another way (e.g. on another data set): never a cell of its own
@@ -103,7 +105,7 @@ class Cell:
         return self.mean is None or bool(self.diverged) or abs(self.mean - self.paper_value) > WITHIN_POINTS
 
     def budget_off_by_more(self) -> bool:
-        """The runs at the paper's budget (shown beside the cell) are more than WITHIN_POINTS
+        """The runs at the larger budget (shown beside the cell) are more than WITHIN_POINTS
         from the paper's figure: a cell within at our budget must not hide them."""
         acc = self.accuracies_of(self.budget_records)
         return bool(acc) and abs(float(np.mean(acc)) - self.paper_value) > WITHIN_POINTS
@@ -222,22 +224,26 @@ def budget_short(cell: Cell) -> str:
 def budget_text(cell: Cell) -> str:
     acc = cell.accuracies_of(cell.budget_records)
     gap = f" ({np.mean(acc) - cell.paper_value:+.1f} from the paper)" if acc else ""
-    return (f"**at the paper's budget** ({protocol_of(cell.budget_records)}): "
+    return (f"**{cell.budget_label}** ({protocol_of(cell.budget_records)}): "
             f"{', '.join(_fmt(a) for a in acc) or 'no final accuracy'}{gap}, not in the mean")
 
 
 def per_client_text(cell: Cell) -> str:
     """For runs evaluated per client (``federation.per_client_eval``): each run's last mean over
     clients with its 95 % interval, beside the global accuracy of the same round (ATHENA-FL's
-    paper reports the former). Empty when a run was not evaluated per client."""
+    paper reports the former). A cell reading the authors' evaluation (``metric:
+    test/client_accuracy_local``) shows that one, with the code's interval. Empty when a run was
+    not evaluated per client."""
+    local = "_local" if cell.metric == "test/client_accuracy_local" else ""
     parts = []
     for record in cell.records:
-        last = next((m for m in reversed(record.history) if m.get("test/client_accuracy") is not None), None)
+        last = next((m for m in reversed(record.history) if m.get(f"test/client_accuracy{local}") is not None), None)
         if last is None:
             return ""
-        parts.append(f"{_fmt(100 * last['test/client_accuracy'])} ± {_fmt(100 * last['test/client_accuracy_ci95'])} "
-                     f"over {int(last['test/clients_evaluated'])} clients, global {_fmt(100 * last['test/accuracy'])}")
-    return "; per client at the last evaluation, mean ± 95 % CI: " + "; ".join(parts)
+        parts.append(f"{_fmt(100 * last[f'test/client_accuracy{local}'])} ± {_fmt(100 * last[f'test/client_accuracy{local}_ci95'])} "
+                     f"over {int(last[f'test/clients_evaluated{local}'])} clients, global {_fmt(100 * last['test/accuracy'])}")
+    what = ("on their local 20 %, mean ± the code's 1.96·std/√10" if local else "mean ± 95 % CI")
+    return f"; per client at the last evaluation, {what}: " + "; ".join(parts)
 
 
 def _fmt(value: Optional[float], digits: int = 1) -> str:
@@ -361,7 +367,7 @@ def headline(cells: list[Cell]) -> str:
                                                   for c in outside)
             budget_outside = [c for c in ran if not c.off_by_more() and c.budget_off_by_more()]
             if budget_outside:
-                text += "; within, but outside at the paper's budget: " + "; ".join(
+                text += "; within, but outside at a larger budget: " + "; ".join(
                     f"{_named(c)} ({budget_short(c)})" for c in budget_outside)
         lines.append(text + _others(own, default) + ".")
     return "\n".join(lines) + "\n"

@@ -48,7 +48,7 @@ def cells_figure(paper: str, cells: list[Cell]):
                Line2D([], [], marker="o", ls="", color="tab:green", label="ours, mean ± std: within 3 points"),
                Line2D([], [], marker="o", ls="", color="tab:red", label="ours, mean ± std: outside"),
                Line2D([], [], marker="o", ls="", ms=4, color="gray", label="ours, one seed"),
-               Line2D([], [], marker="^", ls="", color="tab:orange", label="ours at the paper's budget (not in the mean)")]
+               Line2D([], [], marker="^", ls="", color="tab:orange", label="ours at a larger budget: the paper's, or as its row says (not in the mean)")]
     fig.legend(handles=handles, fontsize=7, loc="outside lower center", ncols=3)
     names = [(f"{c.paper.split(', ', 1)[-1]}: " if len(tables) > 1 else "") + f"{c.data} {c.setting} {c.method}"
              for c in reversed(ran)]
@@ -68,8 +68,12 @@ def rounds_figure(table: str, cells: list[Cell]):
     for ax, ((data, setting), own) in zip(axes, panels.items()):
         for cell, color in zip(own, palette(len(own))):
             kept = [r for r in cell.records if not r.diverged]
-            label = cell.method + (f" ({len(kept)} seeds)" if len(kept) > 1 else "") \
+            label = cell.method + (f", {cell.reading} reading" if cell.reading else "") \
+                + (f" ({len(kept)} seeds)" if len(kept) > 1 else "") \
                 + (f"; {diverged_text(cell)}, left out" if cell.diverged else "")
+            if cell.budget_records:  # beneath the cell's own line, which it often continues
+                draw_group(ax, cell.budget_records, f"{cell.method}, {cell.budget_label} (not in the mean)",
+                           "tab:gray", width=1, key=cell.metric or "test/accuracy")
             if kept:
                 draw_group(ax, kept, label, color, width=1, key=cell.metric or "test/accuracy")
             # in the legend, not on the line: papers' figures often lie within a point of each other
@@ -79,7 +83,8 @@ def rounds_figure(table: str, cells: list[Cell]):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2)
     metric = {c.metric for c in cells} - {""}
-    axes[0].set_ylabel("mean accuracy over clients (%)" if metric == {"test/client_accuracy"} else "test accuracy (%)")
+    per_client = metric and all(m.startswith("test/client_accuracy") for m in metric)
+    axes[0].set_ylabel("mean accuracy over clients (%)" if per_client else "test accuracy (%)")
     fig.suptitle(f"{table}: per round, mean ± std over seeds; dashed: the paper's figure")
     return fig
 

@@ -213,6 +213,24 @@ def test_runs_evaluated_per_client_show_the_interval_and_the_global_accuracy(tmp
     assert b[6] == "40.0 ± 0.0 (40.0, 40.0)"
 
 
+def test_a_cell_reading_the_local_splits_shows_their_mean_and_the_codes_interval(tmp_path):
+    run = tmp_path / "runs" / "athena_code" / "seed0"
+    fake_run(run, [0.30, 0.45], 0)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["history"][-1].update({"test/client_accuracy": 0.44, "test/client_accuracy_ci95": 0.08,
+                                   "test/clients_evaluated": 50, "test/client_accuracy_local": 0.52,
+                                   "test/client_accuracy_local_ci95": 0.17, "test/clients_evaluated_local": 50})
+    (run / "summary.json").write_text(json.dumps(summary))
+    path = spec(tmp_path, """
+  - {id: a, paper: P, data: D, setting: S, method: ATHENA-FL, paper_value: 47.0, paper_protocol: x,
+     runs: runs/athena_code, metric: test/client_accuracy_local}
+""")
+    row = reproduction.write(path).splitlines()[2].split(" | ")
+    assert row[6] == "52.0"
+    assert row[10].rstrip(" |").endswith("seed 0; per client at the last evaluation, on their local 20 %, mean ± "
+                                         "the code's 1.96·std/√10: 52.0 ± 17.0 over 50 clients, global 45.0")
+
+
 def test_runs_at_the_papers_budget_are_shown_beside_the_cell_and_kept_out_of_its_mean(tmp_path):
     for seed, final in enumerate([0.80, 0.82, 0.84]):
         fake_run(tmp_path / "runs" / "fedov" / f"seed{seed}", [final], seed, epochs=20)
@@ -240,8 +258,15 @@ def test_runs_at_the_papers_budget_are_shown_beside_the_cell_and_kept_out_of_its
 """))
     assert not b.off_by_more()  # 82.0 vs 84.0 at E = 20; 92.5 at E = 200 must still reach the headline
     assert reproduction.headline([b]) == ("- **P**: 1 of 1 cells run, 1 within 3 points of the paper; within, but "
-                                          "outside at the paper's budget: D S M 82.0 vs 84.0 (at E = 200, 1 round, "
+                                          "outside at a larger budget: D S M 82.0 vs 84.0 (at E = 200, 1 round, "
                                           "seed 0: 92.5).\n")
+
+    # where the paper states no budget, the cell names the larger one
+    (c,) = reproduction.load_cells(spec(tmp_path, """
+  - {id: c, paper: P, data: D, setting: S, method: M, paper_value: 88.9, paper_protocol: "rounds not stated",
+     runs: runs/fedov, budget_runs: runs/fedov_e200, budget_label: "at ten times our epochs (the paper states none)"}
+"""))
+    assert "**at ten times our epochs (the paper states none)** (E = 200, 1 round" in " | ".join(reproduction.row(c, {"c": c}))
     with pytest.raises(ValueError, match="cell 'a': budget_runs 'runs/typo' is not a folder"):
         reproduction.load_cells(spec(tmp_path, """
   - {id: a, paper: P, data: D, setting: S, method: M, paper_value: 88.9, paper_protocol: x, runs: runs/fedov,
