@@ -76,7 +76,7 @@ class Cell:
     target_fraction: float = 0.975
     paper_rounds: Optional[int] = None
     metric: str = ""        # a history key to report instead of the final accuracy (its last value)
-    budget_runs: str = ""   # runs at the paper's budget with fewer seeds: shown beside, not in the mean
+    budget_runs: str = ""   # runs at a larger budget (the paper's, unless budget_label says), fewer seeds: shown beside, not in the mean
     budget_label: str = "at the paper's budget"  # what budget_runs are, where the paper states no budget
     reading: str = ""       # which reading of the paper the runs follow (code | text; docs/reproduction_readings.md)
     gap: str = ""           # a cell outside 3 points: its measured cause (budget | reading | the paper's figure), with the evidence
