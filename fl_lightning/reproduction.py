@@ -235,13 +235,15 @@ def per_client_text(cell: Cell) -> str:
     test/client_accuracy_local``) shows that one, with the code's interval. Empty when a run was
     not evaluated per client."""
     local = "_local" if cell.metric == "test/client_accuracy_local" else ""
+    accuracy, interval, clients = (f"test/client_accuracy{local}", f"test/client_accuracy{local}_ci95",
+                                   f"test/clients_evaluated{local}")
     parts = []
     for record in cell.records:
-        last = next((m for m in reversed(record.history) if m.get(f"test/client_accuracy{local}") is not None), None)
+        last = next((m for m in reversed(record.history) if m.get(accuracy) is not None), None)
         if last is None:
             return ""
-        parts.append(f"{_fmt(100 * last[f'test/client_accuracy{local}'])} ± {_fmt(100 * last[f'test/client_accuracy{local}_ci95'])} "
-                     f"over {int(last[f'test/clients_evaluated{local}'])} clients, global {_fmt(100 * last['test/accuracy'])}")
+        parts.append(f"{_fmt(100 * last[accuracy])} ± {_fmt(100 * last[interval])} "
+                     f"over {int(last[clients])} clients, global {_fmt(100 * last['test/accuracy'])}")
     what = ("on their local 20 %, mean ± the code's 1.96·std/√10" if local else "mean ± 95 % CI")
     return f"; per client at the last evaluation, {what}: " + "; ".join(parts)
 
