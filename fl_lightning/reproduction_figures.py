@@ -63,10 +63,14 @@ def rounds_figure(table: str, cells: list[Cell]):
     panels: dict[tuple[str, str], list[Cell]] = {}
     for cell in cells:
         panels.setdefault((cell.data, cell.setting), []).append(cell)
+    # one colour per method and reading across the panels, so a line is found by its colour
+    lines = list(dict.fromkeys((c.method, c.reading) for c in cells))
+    colors = dict(zip(lines, palette(len(lines))))
     fig = new_figure(max(4.6 * len(panels) + 0.8, 8.5), 5.6)
     axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
     for ax, ((data, setting), own) in zip(axes, panels.items()):
-        for cell, color in zip(own, palette(len(own))):
+        for cell in own:
+            color = colors[cell.method, cell.reading]
             kept = [r for r in cell.records if not r.diverged]
             label = cell.method + (f", {cell.reading} reading" if cell.reading else "") \
                 + (f" ({len(kept)} seeds)" if len(kept) > 1 else "") \

@@ -345,3 +345,21 @@ def test_every_text_reading_row_has_its_code_reading_beside_it():
         assert (twin.paper, twin.data, twin.setting, twin.method, twin.paper_value) == \
             (cell.paper, cell.data, cell.setting, cell.method, cell.paper_value)
         assert twin.records or "python -m fl_lightning fit --config configs/" in twin.missing, twin.id
+
+
+def test_a_method_and_reading_keep_one_colour_in_every_panel_of_a_rounds_figure(tmp_path):
+    from fl_lightning.reproduction_figures import rounds_figure
+
+    for name in ("m_a", "m_b", "f_b"):
+        fake_run(tmp_path / "runs" / name / "seed0", [0.1, 0.2, 0.3], 0)
+    # panel MNIST draws method A then B; panel FMNIST only B: positions differ, colours must not
+    cells = reproduction.load_cells(spec(tmp_path, """
+  - {id: a, paper: P, data: MNIST, setting: S, method: A, paper_value: 40, paper_protocol: x, runs: runs/m_a}
+  - {id: b, paper: P, data: MNIST, setting: S, method: B, paper_value: 50, paper_protocol: x, runs: runs/m_b}
+  - {id: c, paper: P, data: FMNIST, setting: S, method: B, paper_value: 60, paper_protocol: x, runs: runs/f_b}
+"""))
+    fig = rounds_figure("P", cells)
+    colour = {(ax.get_title(), line.get_label()): line.get_color() for ax in fig.axes for line in ax.get_lines()
+              if line.get_label() in ("A", "B")}
+
+    assert colour[("MNIST, S", "B")] == colour[("FMNIST, S", "B")] != colour[("MNIST, S", "A")]
