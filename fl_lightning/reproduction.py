@@ -96,6 +96,11 @@ class Cell:
         return [100.0 * last_value(r, self.metric) for r in records if not r.diverged]
 
     @property
+    def history_key(self) -> str:
+        """The history key this cell's figures read per round: its metric, else test accuracy."""
+        return self.metric or "test/accuracy"
+
+    @property
     def diverged(self) -> list[RunRecord]:
         return [r for r in self.records if r.diverged]
 

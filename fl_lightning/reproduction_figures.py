@@ -77,9 +77,9 @@ def rounds_figure(table: str, cells: list[Cell]):
                 + (f"; {diverged_text(cell)}, left out" if cell.diverged else "")
             if cell.budget_records:  # beneath the cell's own line, which it often continues
                 draw_group(ax, cell.budget_records, f"{cell.method}, {cell.budget_label} (not in the mean)",
-                           "tab:gray", width=1, key=cell.metric or "test/accuracy")
+                           "tab:gray", width=1, key=cell.history_key)
             if kept:
-                draw_group(ax, kept, label, color, width=1, key=cell.metric or "test/accuracy")
+                draw_group(ax, kept, label, color, width=1, key=cell.history_key)
             # in the legend, not on the line: papers' figures often lie within a point of each other
             ax.axhline(cell.paper_value, color=color, ls="--", lw=1, alpha=0.8, label=f"paper: {cell.paper_value:.1f} %")
         ax.set(title=f"{data}, {setting}", xlabel="communication round")
@@ -94,7 +94,7 @@ def rounds_figure(table: str, cells: list[Cell]):
 
 
 def _rounds(cell: Cell) -> int:
-    return max((len(evaluated(r.history, cell.metric or "test/accuracy")[0]) for r in cell.records), default=0)
+    return max((len(evaluated(r.history, cell.history_key)[0]) for r in cell.records), default=0)
 
 
 def write_figures(cells: list[Cell], out_dir: str | Path, formats: tuple[str, ...] = FORMATS) -> list[tuple[str, Path]]:
