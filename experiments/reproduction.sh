@@ -252,15 +252,19 @@ done
 # code's reading of the same cells (configs/*_code.yaml: each client's local 80/20 split of its
 # pooled, quadrupled data, half the clients a round; docs/reproduction_readings.md), named
 # *_code: about 9x the text reading's training (ATHENA-FL's MNIST run: 89 min on one core), so
-# they save a checkpoint every CHECKPOINT_EVERY rounds and the same command resumes them.
+# they save a checkpoint every CHECKPOINT_EVERY rounds and the same command resumes them. The
+# code reads raw [0, 1] pixels (the _code configs' data.standardize: false); ATHENA-FL's *_code_std
+# runs are the same reading on standardised inputs, made before the code's pixels were read.
 R=${ATHENA_ROUNDS:-10}
 R_TAG=$([ "$R" = 200 ] || echo "_r$R")
-for reading in "" _code; do
+for reading in "" _code _code_std; do
   for data in mnist fmnist $([ "${CIFAR:-0}" = 1 ] && echo cifar); do
     pack=$([ $data = cifar ] && echo ${CIFAR_PACK:+--data.image_pack $CIFAR_PACK})
     every=$([ -z "$reading" ] && echo 0 || echo ${CHECKPOINT_EVERY:-0})
-    run ${data}_C2_athena$reading$R_TAG configs/athena_${data}$reading.yaml $pack --federation.rounds $((R + 1)) \
-      --federation.per_client_eval true --run.checkpoint_every $every
+    scale=$([ "$reading" = _code_std ] && echo --data.standardize true)
+    run ${data}_C2_athena$reading$R_TAG configs/athena_${data}${reading%_std}.yaml $pack $scale \
+      --federation.rounds $((R + 1)) --federation.per_client_eval true --run.checkpoint_every $every
+    [ "$reading" = _code_std ] && continue
     run ${data}_C2_fedavg_mobilenet$reading$R_TAG configs/fedavg_mobilenet_${data}$reading.yaml $pack --federation.rounds $R \
       --federation.per_client_eval true --run.checkpoint_every $every
   done
