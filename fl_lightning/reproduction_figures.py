@@ -78,14 +78,17 @@ def rounds_figure(table: str, cells: list[Cell]):
             if cell.budget_records:  # beneath the cell's own line, which it often continues
                 draw_group(ax, cell.budget_records, f"{cell.method}, {cell.budget_label} (not in the mean)",
                            "tab:gray", width=1, key=cell.history_key)
+            # the paper's value in the legend, not on the line: papers' figures often lie within a
+            # point of each other; one entry per line keeps a panel's legend as narrow as the panel
+            paper = f"paper (dashed): {cell.paper_value:.1f} %"
             if kept:
-                draw_group(ax, kept, label, color, width=1, key=cell.history_key)
-            # in the legend, not on the line: papers' figures often lie within a point of each other
-            ax.axhline(cell.paper_value, color=color, ls="--", lw=1, alpha=0.8, label=f"paper: {cell.paper_value:.1f} %")
+                draw_group(ax, kept, f"{label}\n{paper}", color, width=1, key=cell.history_key)
+            ax.axhline(cell.paper_value, color=color, ls="--", lw=1, alpha=0.8,
+                       label=None if kept else f"{label}: {paper}")
         ax.set(title=f"{data}, {setting}", xlabel="communication round")
         integer_rounds(ax)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=1)
     metric = {c.metric for c in cells} - {""}
     per_client = metric and all(m.startswith("test/client_accuracy") for m in metric)
     axes[0].set_ylabel("mean accuracy over clients (%)" if per_client else "test accuracy (%)")

@@ -359,7 +359,10 @@ def test_a_method_and_reading_keep_one_colour_in_every_panel_of_a_rounds_figure(
   - {id: c, paper: P, data: FMNIST, setting: S, method: B, paper_value: 60, paper_protocol: x, runs: runs/f_b}
 """))
     fig = rounds_figure("P", cells)
-    colour = {(ax.get_title(), line.get_label()): line.get_color() for ax in fig.axes for line in ax.get_lines()
-              if line.get_label() in ("A", "B")}
+    colour = {(ax.get_title(), line.get_label().split("\n")[0]): line.get_color() for ax in fig.axes
+              for line in ax.get_lines() if line.get_label().split("\n")[0] in ("A", "B")}
 
     assert colour[("MNIST, S", "B")] == colour[("FMNIST, S", "B")] != colour[("MNIST, S", "A")]
+    # one legend entry per line, which names the paper's figure its dashed line draws
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["A\npaper (dashed): 40.0 %", "B\npaper (dashed): 50.0 %"]
