@@ -9,7 +9,9 @@
 #                close-set voting on FMNIST and MNIST, #C=1 / #C=2 / Dir(0.5) (FEDOV_PARTS), all
 #                SEEDS at once: each data set's runs stacked in one cohort (experiments/
 #                fedov_stacked.py; runs named *_code_e200; a stack the deadline stops is lost, the
-#                finished ones stay; bench/gpu_check.sh's STACKED_FEDOV measures one; not yet run on a GPU);
+#                finished ones stay; bench/gpu_check.sh's STACKED_FEDOV measures one; on an H200 at
+#                commit 47f2b70 FMNIST #C=1's three seeds as one stack did not finish in 480 s:
+#                the host's draws held each step back, drawn a window at a time since, docs/performance.md);
 #   athena       ATHENA-FL Section 5.2.2: ATHENA-FL and FedAvg-MobileNet on MNIST and FMNIST (2
 #                classes per client), the text's and the authors' code's readings (*_code), at
 #                ATHENA_ROUNDS (default 200, the paper's) rounds, over SEEDS

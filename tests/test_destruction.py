@@ -3,6 +3,7 @@ import torch
 from torchvision.transforms.functional import gaussian_blur
 
 from fl_lightning.algorithms.fedov.destruction import DESTRUCTION_OPS, destroy
+from fl_lightning.algorithms.fedov.voting import CODE_DESTRUCTION_OPS
 from fl_lightning.algorithms.fedov import destruction as D
 
 SHAPES = [(16, 1, 28, 28), (8, 3, 32, 32), (8, 1, 20, 28)]
@@ -198,3 +199,33 @@ def test_unknown_op_is_rejected_by_name():
 def test_gpu_gives_the_cpu_result():
     x = batch((16, 3, 32, 32))
     torch.testing.assert_close(destroy(x.cuda(), gen(4)).cpu(), destroy(x, gen(4)), atol=1e-5, rtol=0)
+
+
+def _draw_step_by_step(n, H, W, generator, ops):
+    """The per-step order written out on the generator itself: each image's operation, then each
+    entry of the pool's parameters for the images that got it, entry by entry."""
+    op, args = torch.zeros(n, dtype=torch.long), torch.zeros(n, D.ARGS, dtype=torch.float64)
+    if len(ops) == 1:
+        args[:] = D._OPS[ops[0]].draw(n, H, W, generator)
+        return op, args
+    choice = (torch.rand(n, generator=generator, dtype=torch.float64) * len(ops)).long()
+    for k, name in enumerate(ops):
+        picked = (choice == k).nonzero().squeeze(1)
+        if len(picked):
+            op[picked] = D.distinct_ops(ops).index(name)
+            args[picked] = D._OPS[name].draw(len(picked), H, W, generator)
+    return op, args
+
+
+@pytest.mark.parametrize("ops", [DESTRUCTION_OPS, CODE_DESTRUCTION_OPS, ("erase",), ("blur", "resized_crop")])
+@pytest.mark.parametrize("H, W", [(28, 28), (32, 32), (9, 13)])
+def test_a_window_of_steps_draws_what_the_steps_draw_one_by_one(ops, H, W):
+    # the cohort engine draws a window of steps at once: the same numbers, and the generator
+    # left where the steps one by one leave it
+    sizes = [64, 17, 0, 1, 64, 2, 33, 64]
+    at_once, one_by_one = gen(5), gen(5)
+    window = D.draw_destruction_steps(sizes, H, W, at_once, ops)
+    for n, (op, args) in zip(sizes, window):
+        expected_op, expected_args = _draw_step_by_step(n, H, W, one_by_one, ops)
+        assert torch.equal(op, expected_op) and torch.equal(args, expected_args)
+    assert torch.equal(at_once.get_state(), one_by_one.get_state())

@@ -292,3 +292,36 @@ def test_open_set_settings_are_checked():
     only_features.features = torch.nn.Identity()
     with pytest.raises(ValueError, match="features/head"):
         OpenSetDetector(only_features, 2, OptimizerConfig())
+
+
+def test_a_window_of_draws_equals_the_steps_taken_one_by_one():
+    loss = OpenSetLoss(dummy_weight=1, mixup_weight=0.01, destruction_ops=("copy_paste", "rotate", "copy_paste"))
+    window, single = OpenSetDraws(loss, 4, (28, 28)), OpenSetDraws(loss, 4, (28, 28))
+    sizes = [16, 3, 16, 0, 9]
+    drawn = window.take_steps(0, sizes, width=16) + window.take_steps(5, [16], width=16)
+    for s, n in enumerate(sizes + [16]):
+        expected = single.take(s, n, width=16)
+        assert drawn[s].keys() == expected.keys()
+        assert all(torch.equal(drawn[s][k], expected[k]) for k in expected)
+    with pytest.raises(RuntimeError, match="out of turn"):
+        window.take_steps(7, [4])
+    with pytest.raises(ValueError, match="does not fit a width of 8"):
+        window.take_steps(6, [4, 9], width=8)
+
+
+def test_the_cohort_window_draws_each_member_s_steps_in_order_and_blanks_the_rest():
+    from fl_lightning.cohort.members import StepDraws
+
+    loss = OpenSetLoss()
+    sources = [OpenSetDraws(loss, m, (28, 28)) for m in range(2)]
+    weight = torch.zeros(3, 2, 8)
+    weight[:, 0, :8] = 1
+    weight[0, 1, :5] = 1  # member 1 steps once (5 samples), then its plan has ended
+    active = torch.tensor([[1, 1], [1, 0], [1, 0]])
+    window = StepDraws(sources).window(0, weight, active)
+    for m, steps in ((0, [8, 8, 8]), (1, [5])):
+        again = OpenSetDraws(loss, m, (28, 28))
+        for s, n in enumerate(steps):
+            expected = again.take(s, n, width=8)
+            assert all(torch.equal(window[k][s, m], expected[k]) for k in expected)
+    assert not window["op_args"][1:, 1].any() and not window["pair"][1:, 1].any()

@@ -113,6 +113,14 @@ class DrawSource(Protocol):
         shapes at every step; steps are taken in order."""
 
 
+def take_steps(source: DrawSource, start: int, sizes: Sequence[int], width: int) -> list[dict[str, Tensor]]:
+    """Steps start, start + 1, ...'s draws of ``source``: its own ``take_steps`` where it has one
+    (drawing a window at once, e.g. OpenSetDraws), else ``take`` step after step."""
+    if hasattr(source, "take_steps"):
+        return source.take_steps(start, sizes, width)
+    return [source.take(start + s, n, width) for s, n in enumerate(sizes)]
+
+
 class StepDraws:
     """What a cohort's loss reads besides the batch that is random at every step: ``sources[m]``
     draws member m's, from its own client's generators, in the order of its steps; ``static``:
@@ -132,17 +140,23 @@ class StepDraws:
         ``weight`` (steps, members, B) on the CPU: each member's real samples; ``active`` (steps,
         members): whether it steps. A member that does not step gets zeros (its step is masked)."""
         steps, members, width = weight.shape
-        rows: list[list[dict[str, Tensor]]] = []
-        blank: Optional[dict[str, Tensor]] = None
-        for s in range(steps):
-            row = []
-            for m in range(members):
-                if active[s, m] > 0:
-                    row.append(self.sources[m].take(start + s, int(weight[s, m].sum()), width))
-                    blank = blank or {k: torch.zeros_like(v) for k, v in row[-1].items()}
-                else:
-                    row.append(None)
-            rows.append(row)
+        rows: list[list[Optional[dict[str, Tensor]]]] = [[None] * members for _ in range(steps)]
+        sizes = weight.sum(2).long().tolist()
+        stepping = (active > 0).tolist()
+        for m in range(members):
+            s = 0
+            while s < steps:  # each run of consecutive steps the member takes, drawn at once
+                if not stepping[s][m]:
+                    s += 1
+                    continue
+                end = s
+                while end < steps and stepping[end][m]:
+                    end += 1
+                drawn = take_steps(self.sources[m], start + s, [sizes[t][m] for t in range(s, end)], width)
+                for t, d in zip(range(s, end), drawn):
+                    rows[t][m] = d
+                s = end
+        blank = next(({k: torch.zeros_like(v) for k, v in d.items()} for row in rows for d in row if d is not None), None)
         if blank is None:
             raise ValueError(f"no member steps in steps {start}..{start + steps - 1}")
         return {k: torch.stack([torch.stack([(d if d is not None else blank)[k] for d in row]) for row in rows])
@@ -156,7 +170,12 @@ class JointSource:
         self.first, self.second = first, second
 
     def take(self, step: int, n: int, width: int) -> dict[str, Tensor]:
-        first, second = self.first.take(step, n, width), self.second.take(step, n, width)
-        if set(first) & set(second):
-            raise ValueError(f"two draw sources of one member both draw {sorted(set(first) & set(second))}")
-        return {**first, **second}
+        return self.take_steps(step, [n], width)[0]
+
+    def take_steps(self, start: int, sizes: Sequence[int], width: int) -> list[dict[str, Tensor]]:
+        joint = []
+        for first, second in zip(take_steps(self.first, start, sizes, width), take_steps(self.second, start, sizes, width)):
+            if set(first) & set(second):
+                raise ValueError(f"two draw sources of one member both draw {sorted(set(first) & set(second))}")
+            joint.append({**first, **second})
+        return joint

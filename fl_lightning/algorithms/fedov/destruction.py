@@ -16,7 +16,7 @@ per-image pixel index map, a mask, a grouped convolution or a grid_sample.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -27,14 +27,33 @@ ARGS = 4  # parameters per image, the most any operation needs (its layout: each
 _TAPS = 9  # longest blur kernel; shorter ones are zero-padded to it
 
 
-def _rand(n: int, generator: torch.Generator, low: float = 0.0, high: float = 1.0) -> Tensor:
+class _Columns:
+    """Uniforms drawn beforehand for the images of one operation: its draw's j-th ``_rand`` call
+    gets column j, the numbers its j-th ``torch.rand`` call on the generator would have drawn."""
+
+    def __init__(self, columns: Sequence[Tensor]) -> None:
+        self.columns, self.used = list(columns), 0
+
+    def take(self, n: int) -> Tensor:
+        column = self.columns[self.used]
+        if len(column) != n:
+            raise RuntimeError(f"a column of {len(column)} uniforms for a draw of {n}")
+        self.used += 1
+        return column
+
+
+Uniforms = Union[torch.Generator, _Columns]
+
+
+def _rand(n: int, source: Uniforms, low: float = 0.0, high: float = 1.0) -> Tensor:
     """n uniforms in [low, high), float64 on the CPU (where the generator lives)."""
-    return low + (high - low) * torch.rand(n, generator=generator, dtype=torch.float64)
+    u = torch.rand(n, generator=source, dtype=torch.float64) if isinstance(source, torch.Generator) else source.take(n)
+    return low + (high - low) * u
 
 
-def _randint(n: int, high: int | Tensor, generator: torch.Generator) -> Tensor:
+def _randint(n: int, high: int | Tensor, source: Uniforms) -> Tensor:
     """n integers uniform in [0, high) on the CPU; `high` may differ per image."""
-    return (_rand(n, generator) * high).long()
+    return (_rand(n, source) * high).long()
 
 
 def _columns(*values: Tensor) -> Tensor:
@@ -64,7 +83,7 @@ def _remap_one_axis(x: Tensor, on_rows: Tensor, row_source: Tensor, col_source: 
 
 # ---- copy_paste -------------------------------------------------------------------------------
 
-def _paste_pairs(size: int, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+def _paste_pairs(size: int, n: int, generator: Uniforms) -> tuple[Tensor, Tensor]:
     """(source, destination) starts of a pasted half, uniform over the pairs at least a quarter apart.
     The reference re-draws (s, d) until |s - d| >= half / 2; a uniform valid pair is the same law
     (drawing d given s would not be: for odd half some s have no valid d)."""
@@ -75,7 +94,7 @@ def _paste_pairs(size: int, n: int, generator: torch.Generator) -> tuple[Tensor,
     return pairs[_randint(n, len(pairs), generator)].unbind(1)
 
 
-def _draw_copy_paste(n: int, H: int, W: int, generator: torch.Generator) -> Tensor:
+def _draw_copy_paste(n: int, H: int, W: int, generator: Uniforms) -> Tensor:
     on_rows = _rand(n, generator) < 0.5
     (rs, rd), (cs, cd) = _paste_pairs(H, n, generator), _paste_pairs(W, n, generator)
     return _columns(on_rows, torch.where(on_rows, rs, cs), torch.where(on_rows, rd, cd))
@@ -97,7 +116,7 @@ def _apply_copy_paste(x: Tensor, args: Tensor) -> Tensor:
 
 # ---- swap -------------------------------------------------------------------------------------
 
-def _draw_swap(n: int, H: int, W: int, generator: torch.Generator) -> Tensor:
+def _draw_swap(n: int, H: int, W: int, generator: Uniforms) -> Tensor:
     return _columns(_rand(n, generator) < 0.5)
 
 
@@ -116,7 +135,7 @@ def _apply_swap(x: Tensor, args: Tensor) -> Tensor:
 
 # ---- rotate -----------------------------------------------------------------------------------
 
-def _draw_rotate(n: int, H: int, W: int, generator: torch.Generator) -> Tensor:
+def _draw_rotate(n: int, H: int, W: int, generator: Uniforms) -> Tensor:
     side = min(H, W) // 2
     p = _randint(n, H - side + 1, generator)
     k = 1 + _randint(n, 3, generator)
@@ -144,7 +163,7 @@ def _apply_rotate(x: Tensor, args: Tensor) -> Tensor:
 # ---- erase ------------------------------------------------------------------------------------
 
 def _box_sides(n: int, H: int, W: int, scale: tuple[float, float], ratio: tuple[float, float],
-               generator: torch.Generator) -> tuple[Tensor, Tensor]:
+               generator: Uniforms) -> tuple[Tensor, Tensor]:
     """(h, w) with h * w = U(scale) * H * W and h / w = exp(U(log ratio)), float64 on the CPU.
     torchvision re-draws a box that does not fit; we clamp its ratio instead, which keeps the area."""
     area = _rand(n, generator, *scale) * H * W
@@ -153,7 +172,7 @@ def _box_sides(n: int, H: int, W: int, scale: tuple[float, float], ratio: tuple[
     return (area * r).sqrt(), (area / r).sqrt()
 
 
-def _draw_erase(n: int, H: int, W: int, generator: torch.Generator) -> Tensor:
+def _draw_erase(n: int, H: int, W: int, generator: Uniforms) -> Tensor:
     h, w = _box_sides(n, H, W, (0.33, 0.5), (0.3, 3.3), generator)
     h, w = h.round().long().clamp(1, H), w.round().long().clamp(1, W)
     top, left = _randint(n, H - h + 1, generator), _randint(n, W - w + 1, generator)
@@ -189,7 +208,7 @@ def _gaussian_blur(x: Tensor, kh: Tensor, kw: Tensor, sigma: Tensor) -> Tensor:
     return y.view(B, C, H, W)
 
 
-def _draw_blur(n: int, H: int, W: int, generator: torch.Generator) -> Tensor:
+def _draw_blur(n: int, H: int, W: int, generator: Uniforms) -> Tensor:
     big, small = 3 + 2 * _randint(n, 4, generator), 1 + 2 * _randint(n, 3, generator)
     tall = _rand(n, generator) < 0.5
     sigma = _rand(n, generator, 10.0, 100.0)
@@ -204,7 +223,7 @@ def _apply_blur(x: Tensor, args: Tensor) -> Tensor:
 
 # ---- resized_crop -----------------------------------------------------------------------------
 
-def _draw_resized_crop(n: int, H: int, W: int, generator: torch.Generator) -> Tensor:
+def _draw_resized_crop(n: int, H: int, W: int, generator: Uniforms) -> Tensor:
     h, w = _box_sides(n, H, W, (0.1, 0.33), (3 / 4, 4 / 3), generator)  # range is its own inverse
     top, left = _rand(n, generator) * (H - h), _rand(n, generator) * (W - w)
     # the crop as affine_grid's theta: x scale, x shift, y scale, y shift
@@ -225,18 +244,19 @@ def _apply_resized_crop(x: Tensor, args: Tensor) -> Tensor:
 
 
 class _Op(NamedTuple):
-    draw: Callable[[int, int, int, torch.Generator], Tensor]  # (n, H, W, generator) -> (n, ARGS) float64
+    draw: Callable[[int, int, int, Uniforms], Tensor]  # (n, H, W, generator) -> (n, ARGS) float64
+    uniforms: int  # the draw's torch.rand calls of n numbers each (its columns)
     apply: Callable[[Tensor, Tensor], Tensor]  # (x, args) -> destroyed x
     neutral: tuple[float, ...]  # args that are valid for any image (a well-defined result, discarded)
 
 
 _OPS: dict[str, _Op] = {
-    "copy_paste": _Op(_draw_copy_paste, _apply_copy_paste, (0, 0, 0, 0)),
-    "swap": _Op(_draw_swap, _apply_swap, (0, 0, 0, 0)),
-    "rotate": _Op(_draw_rotate, _apply_rotate, (0, 1, 0, 0)),
-    "erase": _Op(_draw_erase, _apply_erase, (0, 0, 0, 0)),
-    "blur": _Op(_draw_blur, _apply_blur, (1, 1, 1, 0)),
-    "resized_crop": _Op(_draw_resized_crop, _apply_resized_crop, (1, 0, 1, 0)),
+    "copy_paste": _Op(_draw_copy_paste, 3, _apply_copy_paste, (0, 0, 0, 0)),
+    "swap": _Op(_draw_swap, 1, _apply_swap, (0, 0, 0, 0)),
+    "rotate": _Op(_draw_rotate, 2, _apply_rotate, (0, 1, 0, 0)),
+    "erase": _Op(_draw_erase, 4, _apply_erase, (0, 0, 0, 0)),
+    "blur": _Op(_draw_blur, 4, _apply_blur, (1, 1, 1, 0)),
+    "resized_crop": _Op(_draw_resized_crop, 4, _apply_resized_crop, (1, 0, 1, 0)),
 }
 
 
@@ -258,20 +278,56 @@ def draw_destruction(n: int, H: int, W: int, generator: torch.Generator,
     ``distinct_ops(ops)``, args (n, ARGS) float64, drawn on the CPU from ``generator``: first the
     operation of each image uniformly from ``ops``, then each operation's parameters for the images
     that got it, operation by operation in the order of ``ops``."""
+    return draw_destruction_steps([n], H, W, generator, ops)[0]
+
+
+def draw_destruction_steps(sizes: Sequence[int], H: int, W: int, generator: torch.Generator,
+                           ops: Sequence[str] = DESTRUCTION_OPS) -> list[tuple[Tensor, Tensor]]:
+    """``draw_destruction`` for batches of ``sizes[s]`` images, one after another, at once: the
+    same numbers as drawing them step by step. Only the uniforms are drawn step by step (each
+    step's operation choices say how many its parameters take); the arithmetic that turns them
+    into parameters runs once per operation over all steps (per image, so batching changes no
+    number), which makes a cohort's window of draws cost a few host calls per step, not hundreds."""
     check_ops(ops)
-    names = distinct_ops(ops)
-    op = torch.zeros(n, dtype=torch.long)
-    args = torch.zeros(n, ARGS, dtype=torch.float64)
-    if len(ops) == 1:  # nothing to choose, so destroy(x, g, (op,)) == op(x, g)
-        args[:] = _OPS[ops[0]].draw(n, H, W, generator)
-        return op, args
-    choice = _randint(n, len(ops), generator)
-    for k, name in enumerate(ops):
-        picked = (choice == k).nonzero().squeeze(1)
-        if len(picked):
-            op[picked] = names.index(name)
-            args[picked] = _OPS[name].draw(len(picked), H, W, generator)
-    return op, args
+    names, sizes = distinct_ops(ops), [int(n) for n in sizes]
+    K, S, T = len(ops), len(sizes), sum(sizes)
+    need = torch.tensor([_OPS[name].uniforms for name in ops])
+    choices, blocks = [], []
+    for n in sizes:  # the generator's stream, in the order one step at a time consumes it
+        # one entry: nothing to choose, no choice drawn (destroy(x, g, (op,)) == op(x, g))
+        choice = _randint(n, K, generator) if K > 1 else torch.zeros(n, dtype=torch.long)
+        counts = torch.bincount(choice, minlength=K)
+        blocks.append(torch.rand(int((counts * need).sum()), generator=generator, dtype=torch.float64))
+        choices.append(choice)
+    choice, uniforms = torch.cat(choices), torch.cat(blocks)
+    step = torch.repeat_interleave(torch.arange(S), torch.tensor(sizes, dtype=torch.long))
+    key = step * K + choice
+    counts = torch.bincount(key, minlength=S * K).view(S, K)
+    # A step's block holds entry 0's columns, then entry 1's, ...; a column has one number per
+    # image of that entry, the images in their order in the batch.
+    taken = counts * need
+    step_start = taken.sum(1).cumsum(0) - taken.sum(1)
+    entry_start = step_start[:, None] + taken.cumsum(1) - taken
+    group_start = counts.flatten().cumsum(0) - counts.flatten()
+    order = torch.sort(key, stable=True).indices
+    rank = torch.empty_like(key)
+    rank[order] = torch.arange(T) - group_start[key[order]]
+    op = torch.zeros(T, dtype=torch.long)
+    args = torch.zeros(T, ARGS, dtype=torch.float64)
+    op_of_entry = torch.tensor([names.index(name) for name in ops])
+    for index, name in enumerate(names):  # a pool listing an operation twice: both entries' images in one draw
+        picked = (op_of_entry[choice] == index).nonzero().squeeze(1)
+        if not len(picked):
+            continue
+        entry = choice[picked]
+        first = entry_start[step[picked], entry] + rank[picked]
+        stride = counts[step[picked], entry]
+        columns = _Columns([uniforms[first + j * stride] for j in range(_OPS[name].uniforms)])
+        op[picked] = index
+        args[picked] = _OPS[name].draw(len(picked), H, W, columns)
+        if columns.used != len(columns.columns):
+            raise RuntimeError(f"{name}'s draw took {columns.used} columns of uniforms, not {len(columns.columns)}")
+    return list(zip(op.split(sizes), args.split(sizes)))
 
 
 def apply_destruction(x: Tensor, op: Tensor, args: Tensor, ops: Sequence[str] = DESTRUCTION_OPS) -> Tensor:

@@ -11,22 +11,18 @@ once, read inside one captured step) see the same outliers and pairs by construc
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import Tensor
 
-from fl_lightning.algorithms.fedov.destruction import draw_destruction
+from fl_lightning.algorithms.fedov.destruction import draw_destruction_steps
 
 
 def _beta(alpha: float, generator: torch.Generator) -> Tensor:
-    """lambda ~ Beta(alpha, alpha) from ``generator`` (torch.distributions samples from the
-    global generator only: it lends its state for the one draw)."""
-    outer = torch.get_rng_state()
-    torch.set_rng_state(generator.get_state())
-    try:
-        lam = torch.distributions.Beta(alpha, alpha).sample()
-        generator.set_state(torch.get_rng_state())
-    finally:
-        torch.set_rng_state(outer)
+    """lambda ~ Beta(alpha, alpha) from ``generator``: torch.distributions.Beta's own sampler
+    (the first coordinate of a Dirichlet(alpha, alpha) draw, float32), on the client's generator."""
+    lam = torch._sample_dirichlet(torch.tensor([float(alpha), float(alpha)]), generator=generator)[0]
     # float64: 1 - lambda is then rounded once, as with the Python float it replaced
     return lam.double()
 
@@ -48,21 +44,31 @@ class OpenSetDraws:
         (default n): ``op`` (width,) and ``op_args`` (width, ARGS) of the destruction, ``pair``
         (width,) and ``lam`` () of the mixup, each only when the loss uses it. Steps must be
         taken in order: a draw out of turn would give this client another client's randomness."""
-        if step != self.next_step:
-            raise RuntimeError(f"open-set draws taken out of turn: step {step} asked, step {self.next_step} is next")
-        self.next_step += 1
-        width = width or n
-        if width < n:
-            raise ValueError(f"a batch of {n} samples does not fit a width of {width}")
-        out: dict[str, Tensor] = {}
-        if self.loss.needs_destruction:
-            op, args = draw_destruction(n, *self.image_size, self.destruction, self.loss.destruction_ops)
-            out["op"] = torch.zeros(width, dtype=torch.long)
-            out["op"][:n] = op
-            out["op_args"] = torch.zeros(width, args.shape[1])
-            out["op_args"][:n] = args.float()  # what the per-client path always cast them to
-        if self.loss.mixup_weight != 0:
-            out["pair"] = torch.arange(width)  # padding pairs with itself
-            out["pair"][:n] = torch.randperm(n, generator=self.mixing)
-            out["lam"] = _beta(self.loss.mixup_alpha, self.mixing)
-        return out
+        return self.take_steps(step, [n], width)[0]
+
+    def take_steps(self, start: int, sizes: Sequence[int], width: int = 0) -> list[dict[str, Tensor]]:
+        """Steps start, start + 1, ...'s draws (``sizes[s]`` real samples each) at once, equal to
+        ``take`` step after step: the cohort engine draws a window of steps this way."""
+        if start != self.next_step:
+            raise RuntimeError(f"open-set draws taken out of turn: step {start} asked, step {self.next_step} is next")
+        if width and max(sizes, default=0) > width:
+            raise ValueError(f"a batch of {max(sizes)} samples does not fit a width of {width}")
+        self.next_step += len(sizes)
+        destroyed = (draw_destruction_steps(sizes, *self.image_size, self.destruction, self.loss.destruction_ops)
+                     if self.loss.needs_destruction else None)
+        steps = []
+        for s, n in enumerate(sizes):
+            rows = width or n
+            out: dict[str, Tensor] = {}
+            if destroyed is not None:
+                op, args = destroyed[s]
+                out["op"] = torch.zeros(rows, dtype=torch.long)
+                out["op"][:n] = op
+                out["op_args"] = torch.zeros(rows, args.shape[1])
+                out["op_args"][:n] = args.float()  # what the per-client path always cast them to
+            if self.loss.mixup_weight != 0:
+                out["pair"] = torch.arange(rows)  # padding pairs with itself
+                out["pair"][:n] = torch.randperm(n, generator=self.mixing)
+                out["lam"] = _beta(self.loss.mixup_alpha, self.mixing)
+            steps.append(out)
+        return steps
