@@ -62,7 +62,7 @@ fi
 # Stacked sweeps (fl_lightning/stacking.py): a 3 x 3 E x B FedOVA grid (W1 setting, 20 rounds)
 # stacked (a cohort per B; every B padded into one) against the nine runs one after another
 # (target >= 5x, the same accuracies; peak GPU memory in the JSON), and FedOV Table 1's FMNIST
-# #C=1 and #C=2 cells (FedOV, close-set voting) x 3 seeds at E = 200 as one stack (the target's
+# #C=1 and #C=2 cells (FedOV, close-set voting) x 3 seeds at E = 200, a stack per cell (the target's
 # 8 cells x 3 seeds <= 10 min counts MNIST's too: experiments/reproduction_gpu.sh TASKS=fedov).
 if echo STACKED_SWEEP | grep -qE "$ONLY"; then
   timeout 560 python3 bench/stacked_sweep.py --rounds 20 --extra "--data.idx_gz_dir $GZ" \

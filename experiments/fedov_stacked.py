@@ -1,10 +1,11 @@
-"""FedOV's Table 1 cells (FedOV and close-set voting) over seeds, stacked: every run of a data
-set trained together on one GPU (``sweep --stack``'s engine, fl_lightning/stacking.py), into
+"""FedOV's Table 1 cells (FedOV and close-set voting) over seeds, stacked: the runs of a data
+set and partition trained together on one GPU (``sweep --stack``'s engine, fl_lightning/stacking.py), into
 the folders experiments/reproduction.sh uses (reports/reproduction/runs/<data>_<part>_<method>
 <reading tag><E tag>/seed<S>), so the reproduction table reads them as it reads the runs made
 one at a time. Finished runs are skipped; a run stopped with a checkpoint resumes; a run's
-folder keeps only its summary.json once it is done. One stack per data set (a call that a
-deadline stops loses only the stack it was training).
+folder keeps only its summary.json once it is done. One stack per data set and partition (a
+call that a deadline stops loses only the stack it was training: on an H200 a stack of three
+seeds of one cell did not finish in 480 s before the draws were batched, docs/performance.md).
 
     python experiments/fedov_stacked.py --epochs 200 --seeds 0 1 2 --extra "--trainer.accelerator gpu"
 
@@ -73,8 +74,8 @@ def main(argv=None) -> int:
     from fl_lightning.sweep import run_configurations, target_rounds
 
     failed = []
-    for data in args.data:  # one stack per data set: the runs of one stack share the data tensors
-        configs = configurations(data, args.parts, args.methods, args.seeds, args.epochs, args.reading_tag,
+    for data, part in [(d, p) for d in args.data for p in args.parts]:  # the runs of a stack share the data tensors
+        configs = configurations(data, [part], args.methods, args.seeds, args.epochs, args.reading_tag,
                                  args.runs_root, shlex.split(args.extra))
         run_configurations(configs, [target_rounds(c.args) for c in configs], stack="grouped")
         keep_summaries_only(configs)

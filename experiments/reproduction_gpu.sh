@@ -7,7 +7,7 @@
 #   datasharing  Table II's data-sharing baseline (FedAvg, β = 5 / 10 %) over SEEDS;
 #   fedov        FedOV Table 1 at the paper's FEDOV_E (default 200) local epochs: FedOV and
 #                close-set voting on FMNIST and MNIST, #C=1 / #C=2 / Dir(0.5) (FEDOV_PARTS), all
-#                SEEDS at once: each data set's runs stacked in one cohort (experiments/
+#                SEEDS at once: each cell's runs (data set, partition) stacked in one cohort (experiments/
 #                fedov_stacked.py; runs named *_code_e200; a stack the deadline stops is lost, the
 #                finished ones stay; bench/gpu_check.sh's STACKED_FEDOV measures one; on an H200 at
 #                commit 47f2b70 FMNIST #C=1's three seeds as one stack did not finish in 480 s:
