@@ -229,3 +229,4 @@ def test_a_window_of_steps_draws_what_the_steps_draw_one_by_one(ops, H, W):
         expected_op, expected_args = _draw_step_by_step(n, H, W, one_by_one, ops)
         assert torch.equal(op, expected_op) and torch.equal(args, expected_args)
     assert torch.equal(at_once.get_state(), one_by_one.get_state())
+    assert D.draw_destruction_steps([], H, W, at_once, ops) == []

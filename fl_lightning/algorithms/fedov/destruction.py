@@ -290,6 +290,8 @@ def draw_destruction_steps(sizes: Sequence[int], H: int, W: int, generator: torc
     number), which makes a cohort's window of draws cost a few host calls per step, not hundreds."""
     check_ops(ops)
     names, sizes = distinct_ops(ops), [int(n) for n in sizes]
+    if not sizes:
+        return []
     K, S, T = len(ops), len(sizes), sum(sizes)
     need = torch.tensor([_OPS[name].uniforms for name in ops])
     choices, blocks = [], []
