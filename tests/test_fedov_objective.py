@@ -325,3 +325,19 @@ def test_the_cohort_window_draws_each_member_s_steps_in_order_and_blanks_the_res
             expected = again.take(s, n, width=8)
             assert all(torch.equal(window[k][s, m], expected[k]) for k in expected)
     assert not window["op_args"][1:, 1].any() and not window["pair"][1:, 1].any()
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.4, 2.0])
+def test_lambda_is_torch_s_beta_sample_on_the_client_s_generator(alpha):
+    # torch.distributions.Beta samples from the global generator only: lend it the client's state
+    client, lent = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    outer = torch.get_rng_state()
+    try:
+        for _ in range(50):
+            torch.set_rng_state(lent.get_state())
+            expected = torch.distributions.Beta(alpha, alpha).sample()
+            lent.set_state(torch.get_rng_state())
+            assert torch.equal(_beta(alpha, client), expected.double())
+    finally:
+        torch.set_rng_state(outer)
+    assert torch.equal(client.get_state(), lent.get_state())
