@@ -24,8 +24,8 @@ if [ "${EQUIVALENCE:-}" != none ]; then
   timeout 300 python3 bench/cohort_equivalence.py --accelerator gpu --only "${EQUIVALENCE:-}" --out "$RESULTS/equivalence_gpu.json" 2>&1 | grep -vi warn | cut -c1-160
   echo "cohort_equivalence exit status: ${PIPESTATUS[0]} (0: every case within its tolerance)"
 fi
-# FedOV's cost per local epoch first (E = 3 minus E = 1; 1.64 s on an H200 at 47f2b70, when the
-# host's draws held the graph back: docs/performance.md), then E = 200 itself
+# FedOV's cost per local epoch first (E = 3 minus E = 1; on an H200 1.64 s at 47f2b70, when the
+# host's draws held the graph back, and 0.43 s at 55648b8 with the window draws: docs/performance.md), then E = 200 itself
 bench FEDOV_E1_cohort 60 FEDOV cohort 1 --federation.local_epochs 1
 bench FEDOV_E3_cohort 60 FEDOV cohort 1 --federation.local_epochs 3
 bench W1_cohort 120 W1 cohort 20
