@@ -10,8 +10,9 @@
 #                SEEDS at once: each cell's runs (data set, partition) stacked in one cohort (experiments/
 #                fedov_stacked.py; runs named *_code_e200; a stack the deadline stops is lost, the
 #                finished ones stay; bench/gpu_check.sh's STACKED_FEDOV measures one; on an H200 at
-#                commit 47f2b70 FMNIST #C=1's three seeds as one stack did not finish in 480 s:
-#                the host's draws held each step back, drawn a window at a time since, docs/performance.md);
+#                commit 55648b8 one run took 110 s, two seeds stacked 143 s, and two stacks of three
+#                seeds side by side 388 and 443 s (each at half speed: run stacks one after another;
+#                docs/performance.md); finished runs are skipped, so the call picks up the cells left);
 #   athena       ATHENA-FL Section 5.2.2: ATHENA-FL and FedAvg-MobileNet on MNIST and FMNIST (2
 #                classes per client), the text's and the authors' code's readings (*_code), at
 #                ATHENA_ROUNDS (default 200, the paper's) rounds, over SEEDS
