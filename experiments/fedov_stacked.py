@@ -4,8 +4,8 @@ the folders experiments/reproduction.sh uses (reports/reproduction/runs/<data>_<
 <reading tag><E tag>/seed<S>), so the reproduction table reads them as it reads the runs made
 one at a time. Finished runs are skipped; a run stopped with a checkpoint resumes; a run's
 folder keeps only its summary.json once it is done. One stack per data set and partition (a
-call that a deadline stops loses only the stack it was training: on an H200 a stack of three
-seeds of one cell did not finish in 480 s before the draws were batched, docs/performance.md).
+call that a deadline stops loses only the stack it was training; on an H200 a run at E = 200
+takes 110 s, two seeds stacked 143 s, docs/performance.md).
 
     python experiments/fedov_stacked.py --epochs 200 --seeds 0 1 2 --extra "--trainer.accelerator gpu"
 
