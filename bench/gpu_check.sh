@@ -62,7 +62,8 @@ fi
 # Stacked sweeps (fl_lightning/stacking.py): a 3 x 3 E x B FedOVA grid (W1 setting, 20 rounds)
 # stacked (a cohort per B; every B padded into one) against the nine runs one after another
 # (target >= 5x, the same accuracies; peak GPU memory in the JSON), and FedOV Table 1's FMNIST
-# #C=1 and #C=2 cells (FedOV, close-set voting) x 3 seeds at E = 200, a stack per cell (the target's
+# #C=1 and #C=2 cells (FedOV, close-set voting) x 3 seeds at E = 200 as one stack (--stack-by data:
+# a stack per cell took 0.030-0.043 s a member-epoch on an H200, docs/performance.md; the target's
 # 8 cells x 3 seeds <= 10 min counts MNIST's too: experiments/reproduction_gpu.sh TASKS=fedov).
 if echo STACKED_SWEEP | grep -qE "$ONLY"; then
   timeout 560 python3 bench/stacked_sweep.py --rounds 20 --extra "--data.idx_gz_dir $GZ" \
@@ -70,7 +71,7 @@ if echo STACKED_SWEEP | grep -qE "$ONLY"; then
 fi
 if echo STACKED_FEDOV | grep -qE "$ONLY"; then
   started=$(date +%s)
-  timeout 580 python3 experiments/fedov_stacked.py --epochs 200 --seeds 0 1 2 --data fmnist --parts C1 C2 \
+  timeout 580 python3 experiments/fedov_stacked.py --epochs 200 --seeds 0 1 2 --data fmnist --parts C1 C2 --stack-by data \
     --runs-root "$RESULTS/stacked_fedov" --extra "--data.idx_gz_dir $GZ" 2>&1 | grep -E "^(done|failed|stack:)"
   echo "STACKED_FEDOV: 12 runs (FMNIST #C=1, #C=2; FedOV, close-set voting; seeds 0-2; E = 200) in $(( $(date +%s) - started )) s"
 fi

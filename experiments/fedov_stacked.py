@@ -3,9 +3,10 @@ set and partition trained together on one GPU (``sweep --stack``'s engine, fl_li
 the folders experiments/reproduction.sh uses (reports/reproduction/runs/<data>_<part>_<method>
 <reading tag><E tag>/seed<S>), so the reproduction table reads them as it reads the runs made
 one at a time. Finished runs are skipped; a run stopped with a checkpoint resumes; a run's
-folder keeps only its summary.json once it is done. One stack per data set and partition (a
-call that a deadline stops loses only the stack it was training; on an H200 a run at E = 200
-takes 110 s, two seeds stacked 143 s, docs/performance.md).
+folder keeps only its summary.json once it is done. One stack per cell, a data set and partition
+(a call that a deadline stops loses only the stack it was training; on an H200 a run at E = 200
+takes 110 s, two seeds stacked 143 s, docs/performance.md), or with --stack-by data one per data
+set: fewer, larger stacks, less device time in all, more lost to a deadline.
 
     python experiments/fedov_stacked.py --epochs 200 --seeds 0 1 2 --extra "--trainer.accelerator gpu"
 
@@ -51,6 +52,13 @@ def configurations(data: str, parts, methods, seeds, epochs: int, reading_tag: s
     return configs
 
 
+def stack_groups(data_sets, parts, stack_by: str) -> list[tuple[str, list[str]]]:
+    """The (data set, partitions) of each stack, in the order they train."""
+    if stack_by == "cell":
+        return [(data, [part]) for data in data_sets for part in parts]
+    return [(data, list(parts)) for data in data_sets]
+
+
 def keep_summaries_only(configs) -> None:
     for config in configs:
         if config.status in ("done", "resumed") and (config.run_dir / "summary.json").is_file():
@@ -68,14 +76,16 @@ def main(argv=None) -> int:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--reading-tag", default="_code", help="as experiments/reproduction.sh's READING_TAG")
     parser.add_argument("--runs-root", type=Path, default=ROOT / "reports" / "reproduction" / "runs")
+    parser.add_argument("--stack-by", choices=("cell", "data"), default="cell",
+                        help="one stack per cell (data set and partition) or per data set (fewer, larger stacks)")
     parser.add_argument("--extra", default="", help="settings added to every run (e.g. --trainer.accelerator gpu)")
     args = parser.parse_args(argv)
 
     from fl_lightning.sweep import run_configurations, target_rounds
 
     failed = []
-    for data, part in [(d, p) for d in args.data for p in args.parts]:  # the runs of a stack share the data tensors
-        configs = configurations(data, [part], args.methods, args.seeds, args.epochs, args.reading_tag,
+    for data, parts in stack_groups(args.data, args.parts, args.stack_by):  # a stack's runs share the data tensors
+        configs = configurations(data, parts, args.methods, args.seeds, args.epochs, args.reading_tag,
                                  args.runs_root, shlex.split(args.extra))
         run_configurations(configs, [target_rounds(c.args) for c in configs], stack="grouped")
         keep_summaries_only(configs)

@@ -12,7 +12,8 @@
 #                finished ones stay; bench/gpu_check.sh's STACKED_FEDOV measures one; on an H200 at
 #                commit 55648b8 one run took 110 s, two seeds stacked 143 s, and two stacks of three
 #                seeds side by side 388 and 443 s (each at half speed: run stacks one after another;
-#                docs/performance.md); finished runs are skipped, so the call picks up the cells left);
+#                docs/performance.md); finished runs are skipped, so the call picks up the cells left;
+#                FEDOV_STACK_BY=data: one stack per data set, less device time, more lost to the deadline);
 #   athena       ATHENA-FL Section 5.2.2: ATHENA-FL and FedAvg-MobileNet on MNIST and FMNIST (2
 #                classes per client), the text's and the authors' code's readings (*_code), at
 #                ATHENA_ROUNDS (default 200, the paper's) rounds, over SEEDS
@@ -105,7 +106,7 @@ for task in ${TASKS:-table1 datasharing}; do
         in_budget || break 2
         mkdir -p "$LOGS"
         $PYTHON experiments/fedov_stacked.py --epochs ${FEDOV_E:-200} --seeds ${SEEDS:-0 1 2} \
-          --parts ${FEDOV_PARTS:-C1 C2 D05} --reading-tag "${READING_TAG-_code}" --extra "$EXTRA" \
+          --parts ${FEDOV_PARTS:-C1 C2 D05} --stack-by ${FEDOV_STACK_BY:-cell} --reading-tag "${READING_TAG-_code}" --extra "$EXTRA" \
           2>&1 | tee -a "$LOGS/fedov_stacked.log" | grep -vE "Warning|warn" ;;
       athena)
         for data in mnist fmnist; do

@@ -1,0 +1,39 @@
+"""experiments/fedov_stacked.py: its runs land where experiments/reproduction.sh puts them, and
+its stacks group them by cell or by data set."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("fedov_stacked", ROOT / "experiments" / "fedov_stacked.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_runs_are_named_as_reproduction_sh_names_them(tmp_path):
+    configs = _script().configurations("mnist", ["C2"], ["fedov", "closeset"], [0, 2], 200, "_code", tmp_path,
+                                       ["--trainer.accelerator", "gpu"])
+    assert [c.run_dir for c in configs] == [tmp_path / "mnist_C2_fedov_code_e200" / "seed0",
+                                           tmp_path / "mnist_C2_fedov_code_e200" / "seed2",
+                                           tmp_path / "mnist_C2_closeset_code_e200" / "seed0",
+                                           tmp_path / "mnist_C2_closeset_code_e200" / "seed2"]
+    fedov, closeset = configs[0].args, configs[2].args
+    assert fedov[fedov.index("--partition.labels_per_client") + 1] == "2"
+    assert fedov[fedov.index("--federation.local_epochs") + 1] == "200"
+    assert fedov[fedov.index("--seed") + 1] == "0" and "--algorithm" not in fedov
+    assert closeset[closeset.index("--algorithm") + 1] == "CloseSetVoting"
+    assert fedov[fedov.index("--trainer.accelerator") + 1] == "gpu"
+    # E = 20, reproduction.sh's default budget, has no E tag
+    (run,) = _script().configurations("fmnist", ["D05"], ["fedov"], [1], 20, "_code", tmp_path, [])
+    assert run.run_dir == tmp_path / "fmnist_D05_fedov_code" / "seed1"
+
+
+def test_stacks_group_runs_by_cell_or_by_data_set():
+    groups = _script().stack_groups(["fmnist", "mnist"], ["C1", "C2"], "cell")
+    assert groups == [("fmnist", ["C1"]), ("fmnist", ["C2"]), ("mnist", ["C1"]), ("mnist", ["C2"])]
+    assert _script().stack_groups(["fmnist", "mnist"], ["C1", "C2"], "data") == [("fmnist", ["C1", "C2"]),
+                                                                               ("mnist", ["C1", "C2"])]
