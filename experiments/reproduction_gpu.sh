@@ -11,7 +11,7 @@
 #                fedov_stacked.py; runs named *_code_e200; a stack the deadline stops is lost, the
 #                finished ones stay; bench/gpu_check.sh's STACKED_FEDOV measures one; on an H200 at
 #                commit 55648b8 one run took 110 s, two seeds stacked 143 s, and two stacks of three
-#                seeds side by side 388 and 443 s (each at half speed: run stacks one after another;
+#                seeds side by side 388 and 443 s (slower than one after another, which this runs;
 #                docs/performance.md); finished runs are skipped, so the call picks up the cells left;
 #                FEDOV_STACK_BY=data: one stack per data set, less device time, more lost to the deadline);
 #   athena       ATHENA-FL Section 5.2.2: ATHENA-FL and FedAvg-MobileNet on MNIST and FMNIST (2
