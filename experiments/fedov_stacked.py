@@ -6,7 +6,8 @@ one at a time. Finished runs are skipped; a run stopped with a checkpoint resume
 folder keeps only its summary.json once it is done. One stack per cell, a data set and partition
 (a call that a deadline stops loses only the stack it was training; on an H200 a run at E = 200
 takes 110 s, two seeds stacked 143 s, docs/performance.md), or with --stack-by data one per data
-set: fewer, larger stacks, less device time in all, more lost to a deadline.
+set: fewer, larger stacks that save only a step's fixed cost (a member-step costs the same at
+any stack size, and a cohort runs its largest client's steps) and lose more to a deadline.
 
     python experiments/fedov_stacked.py --epochs 200 --seeds 0 1 2 --extra "--trainer.accelerator gpu"
 

@@ -13,7 +13,9 @@
 #                commit 55648b8 one run took 110 s, two seeds stacked 143 s, and two stacks of three
 #                seeds side by side 388 and 443 s (slower than one after another, which this runs;
 #                docs/performance.md); finished runs are skipped, so the call picks up the cells left;
-#                FEDOV_STACK_BY=data: one stack per data set, less device time, more lost to the deadline);
+#                FEDOV_STACK_BY=data: one stack per data set, which saves only the ≈ 2.85 ms fixed
+#                cost of a step (a member-step costs ≈ 0.18 ms at any stack size), and loses more
+#                to the deadline: MNIST #C=2 and Dir(0.5) as one stack of 60 were killed at 420 s);
 #   athena       ATHENA-FL Section 5.2.2: ATHENA-FL and FedAvg-MobileNet on MNIST and FMNIST (2
 #                classes per client), the text's and the authors' code's readings (*_code), at
 #                ATHENA_ROUNDS (default 200, the paper's) rounds, over SEEDS
