@@ -18,6 +18,10 @@ the order of the arithmetic (tests/test_stacking.py).
 The runs' loops take turns (one at a time between client phases: server steps that seed
 torch's global generator must not interleave), so each run draws what it draws alone.
 
+Each run's own progress display is off in a stack (sweep.py); the stack prints one line of its
+own instead, after each step, and while a step trains at most every ``PROGRESS_EVERY_S``
+seconds (``StackProgress``): a one-shot step at FedOV's E = 200 trains for minutes.
+
 Only the main thread receives signals: Ctrl-C there stops the cohort it is training, and every
 run stops at its next client phase as a fit stops on Ctrl-C (its last finished round's
 checkpoint is kept); running the sweep again resumes them all.
@@ -29,17 +33,82 @@ import json
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Sequence
 
 from fl_lightning.client import (ClientContext, CohortJob, collect, make_trainer, deadline_callbacks, quiet_lightning,
                                  resolve_engine, train_in_cohorts)
+from fl_lightning.callbacks.logging import RoundClock, duration
 from fl_lightning.interrupts import RunInterrupted
 
 #: settings that must be equal for two runs' clients to share a cohort trainer (the same data
 #: tensors, model template, device and precision); everything else may differ between them
 SHARED_SETTINGS = ("data", "model", "trainer")
 WAIT_S = 0.2  # how often a waiting thread looks up from its condition (signals reach the main thread)
+PROGRESS_EVERY_S = 30.0  # the most often a training step's progress line is printed
+
+
+class StackProgress:
+    """The progress of the step a stack is training: the share of its clients' local epochs
+    done and the time left (``RoundClock``'s arithmetic, each run's clients apart). A thread
+    prints it every ``every_s`` seconds while it has moved (the cohort reports every member's
+    epochs at once, as a window of steps ends; a line per report would show the first member's
+    share only); ``every_s`` 0: a line after every report, in the reporting thread."""
+
+    def __init__(self, report: Callable[[str], None], every_s: float, clock: Callable[[], float] = time.monotonic):
+        self.report, self.every_s, self.clock = report, every_s, clock
+        self._lock = threading.Lock()
+        self._round: Optional[RoundClock] = None
+        self._span, self._shown = "", 0.0
+        self._stopped = threading.Event()
+        self._ticker: Optional[threading.Thread] = None
+
+    def start(self, clients: int, span: str) -> None:
+        with self._lock:
+            self._round, self._span, self._shown = RoundClock(clients, self.clock()), span, 0.0
+        if self.every_s > 0:
+            self._stopped.clear()
+            self._ticker = threading.Thread(target=self._tick_every, name="stack-progress", daemon=True)
+            self._ticker.start()
+
+    def stop(self) -> None:
+        if self._ticker is not None:
+            self._stopped.set()
+            self._ticker.join()
+            self._ticker = None
+        with self._lock:
+            self._round = None
+
+    def reporter(self, run_index: int, inner: Optional[Callable[[int, int, int], None]]):
+        """A run's ``on_epoch``: the run's own (``inner``), then the stack's."""
+        def on_epoch(client_id: int, epoch: int, epochs: int) -> None:
+            if inner is not None:
+                inner(client_id, epoch, epochs)
+            self.epoch((run_index, client_id), epoch, epochs)
+        return on_epoch
+
+    def epoch(self, member: tuple[int, int], epoch: int, epochs: int) -> None:
+        with self._lock:
+            if self._round is not None:
+                self._round.epoch(member, epoch, epochs, self.clock())
+        if self.every_s <= 0:
+            self.tick()
+
+    def tick(self) -> None:
+        """The line, if the share of epochs done has moved since the last one."""
+        with self._lock:
+            clock = self._round
+            if clock is None or clock.fraction() == self._shown:
+                return
+            now, self._shown = self.clock(), clock.fraction()
+            left = clock.seconds_left(now)
+            line = (f"stack: {self._span}, {clock.total} clients: {self._shown:.0%} of their local epochs done "
+                    f"in {duration(now - clock.started)}, about {duration(left) if left is not None else '-'} left")
+        self.report(line)
+
+    def _tick_every(self) -> None:
+        while not self._stopped.wait(self.every_s):
+            self.tick()
 
 
 @dataclass
@@ -79,7 +148,7 @@ class StackedExecutor:
 
     def run(self, jobs, round_index: int, on_result=None, client_states=None):
         if self._ctx is None:  # the federation's data exist once its fit has set it up
-            self._ctx = self.stack.register(self.federation)
+            self._ctx = self.stack.register(self.federation, self.index)
         states = client_states or {}
         phase = [CohortJob(self._ctx, task, indices, round_index, states.get(task.client_id)) for task, indices in jobs]
         return collect(self.stack.train(self.index, phase), len(jobs), on_result)
@@ -96,6 +165,7 @@ class Stack:
                  report: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> None:
         self.runs, self.cohort_size, self.report = list(runs), cohort_size, report
         self.padded = padded
+        self.progress = StackProgress(report, PROGRESS_EVERY_S)
         self._state = _StackState(live=len(self.runs))
         self._cond = threading.Condition()
         # one run's loop at a time: their server steps seed and draw from torch's global RNG
@@ -134,12 +204,14 @@ class Stack:
             self._cond.notify_all()
 
     # ---- the main thread -----------------------------------------------------------------
-    def register(self, federation) -> ClientContext:
-        """A run's client context, joined to the cohort trainer of the runs with its shared
-        settings (that trainer's context is the first such run's: the same data and model)."""
+    def register(self, federation, index: int) -> ClientContext:
+        """Run ``index``'s client context (its epochs reported to the stack's progress too),
+        joined to the cohort trainer of the runs with its shared settings (that trainer's context
+        is the first such run's: the same data and model)."""
         from fl_lightning.cohort.engine import CohortTrainer
 
         ctx = federation.client_context()
+        ctx = replace(ctx, on_epoch=self.progress.reporter(index, ctx.on_epoch))
         key = json.dumps({k: federation.config.get(k) for k in SHARED_SETTINGS}, sort_keys=True, default=str)
         with self._cond:
             if key not in self._trainers:
@@ -183,7 +255,13 @@ class Stack:
     def _train_phases(self, phases: dict[int, _Phase]) -> None:
         started = time.perf_counter()
         jobs = [job for phase in phases.values() for job in phase.jobs]
-        outcomes = train_in_cohorts(jobs, self.trainer_for, self.cohort_size, self.padded)
+        rounds = sorted({job.round_index for job in jobs})
+        span = f"round {rounds[0]}" if len(rounds) == 1 else f"rounds {rounds[0]}-{rounds[-1]}"
+        self.progress.start(len(jobs), span)
+        try:
+            outcomes = train_in_cohorts(jobs, self.trainer_for, self.cohort_size, self.padded)
+        finally:
+            self.progress.stop()
         start = 0
         with self._cond:
             for phase in phases.values():
@@ -191,8 +269,6 @@ class Stack:
                 start += len(phase.jobs)
             self._cond.notify_all()
         self.steps += 1
-        rounds = sorted({job.round_index for job in jobs})
-        span = f"round {rounds[0]}" if len(rounds) == 1 else f"rounds {rounds[0]}-{rounds[-1]}"
         self.report(f"stack: {len(phases)} runs ({span}), {len(jobs)} clients trained together in "
                     f"{time.perf_counter() - started:.1f} s")
 

@@ -5,10 +5,11 @@ different rounds (a resumed run beside a fresh one), after an interrupt in the m
 grid, and chunked by trainer.cohort_size."""
 
 import json
+import time
 
 import pytest
 
-from fl_lightning import sweep
+from fl_lightning import stacking, sweep
 from fl_lightning.checkpoint import load_checkpoint
 from fl_lightning.cohort import engine
 from fl_lightning.interrupts import RunInterrupted
@@ -226,3 +227,53 @@ def test_each_stacked_run_keeps_its_own_wandb_run(tmp_path, monkeypatch):
         accuracies = [h["test/accuracy"] for h in logged if "test/accuracy" in h]
         assert accuracies == [m["test/accuracy"] for m in config.summary["history"]]
         assert records[-1].HasField("exit")  # finished: its own run, not the other's
+
+
+def test_stack_progress_reports_the_share_of_local_epochs_and_the_time_left():
+    lines, now, inner = [], [0.0], []
+    progress = stacking.StackProgress(lines.append, every_s=0, clock=lambda: now[0])  # a line per report
+    progress.start(4, "round 1")  # two runs of two clients each, E = 2
+    on_epoch = [progress.reporter(0, lambda *a: inner.append(a)), progress.reporter(1, None)]
+
+    now[0] = 40
+    on_epoch[0](0, 1, 2)
+    on_epoch[1](0, 1, 2)  # client 0 of the other run is another member: 2 of 8 epochs
+    assert inner == [(0, 1, 2)]  # the run's own reporter still hears its epochs
+    assert lines[-1] == "stack: round 1, 4 clients: 25% of their local epochs done in 40s, about 2m00s left"
+    on_epoch[1](0, 1, 2)  # the same share again: no new line
+    assert len(lines) == 2
+    now[0] = 80
+    on_epoch[1](1, 2, 2)
+    assert lines[-1] == "stack: round 1, 4 clients: 50% of their local epochs done in 1m20s, about 1m20s left"
+    progress.stop()
+    on_epoch[0](1, 2, 2)  # between steps nothing is reported
+    assert len(lines) == 3
+
+
+def test_stack_progress_prints_every_interval_while_the_share_moves():
+    lines = []
+    progress = stacking.StackProgress(lines.append, every_s=0.01)
+    progress.start(2, "round 3")
+    progress.reporter(0, None)(5, 1, 4)
+    for _ in range(500):  # the ticker's first line, within 5 s however busy the machine
+        if lines:
+            break
+        time.sleep(0.01)
+    progress.stop()
+    assert len(lines) == 1 and lines[0].startswith("stack: round 3, 2 clients: 12% of their local epochs done in ")
+    progress.reporter(0, None)(5, 2, 4)
+    time.sleep(0.05)
+    assert len(lines) == 1  # stopped: no ticker left
+
+
+def test_a_long_stacked_step_is_not_silent(tmp_path, smooth_network, monkeypatch, capsys):
+    monkeypatch.setattr(stacking, "PROGRESS_EVERY_S", 0.0)  # a line after every reported epoch
+    file = write(tmp_path / "seeds.yaml", SEEDS)
+    args = [*tiny_fixed("--federation.local_epochs"), "--federation.local_epochs", "2", "--trainer.engine", "cohort",
+            "--algorithm", "FedOV", "--federation.rounds", "1", *smooth_network]
+
+    assert [c.status for c in run(file, tmp_path / "runs", *args)] == ["done"] * 3
+    lines = [line for line in capsys.readouterr().err.splitlines() if "of their local epochs done" in line]
+    shares = [int(line.split(": ")[2].split("%")[0]) for line in lines]
+    assert lines[0].startswith("stack: round 1, 9 clients: ")  # three runs' three clients in one step
+    assert shares == sorted(shares) and shares[-1] == 100
