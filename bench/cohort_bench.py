@@ -8,7 +8,8 @@ memory and the device:
 
 Workloads: W1 FedOVA non-IID-2, K=100, C=0.2, E=5, B=15, SGD 0.05; W2 the same with K=1000;
 W3 FedAvg in W1's setting (lr 0.1); MAIN the README's main job (configs/fedova_fmnist.yaml as
-shipped, 100 rounds); FEDOV FedOV one-shot, 10 clients, #C=1 (200 local epochs as shipped);
+shipped, 100 rounds); FEDOV FedOV one-shot, 10 clients, #C=1 (200 local epochs as shipped),
+CLOSESET close-set voting in the same setting;
 CIFAR_FEDOVA / CIFAR_FEDAVG FedOVA's Table I on CIFAR-10 with VGG-11 (lr 0.01: speed only);
 ATHENA ATHENA-FL on FMNIST (round 1 the MobileNet probe, then detector rounds); FEDAVG_MOBILENET
 its FedAvg-MobileNet baseline; FEDKT FedKT's one shot (#C=2).
@@ -35,6 +36,10 @@ WORKLOADS = {
     "W3": ["--config", "configs/fedavg_fmnist.yaml", "--optimizer.lr", "0.1"],
     "MAIN": ["--config", "configs/fedova_fmnist.yaml"],
     "FEDOV": ["--config", "configs/fedov_fmnist.yaml", "--partition.labels_per_client", "1"],
+    # close-set voting in FEDOV's setting: its local objective is cross-entropy alone (a step's
+    # arithmetic against FedOV's PROSER, destruction and FGSM passes)
+    "CLOSESET": ["--config", "configs/fedov_fmnist.yaml", "--partition.labels_per_client", "1",
+                 "--algorithm", "CloseSetVoting"],
     # FedOVA Table I on CIFAR-10 (VGG-11; images from --extra "--data.image_pack FILE" on a machine without them)
     "CIFAR_FEDOVA": ["--config", "configs/fedova_cifar.yaml", "--optimizer.lr", "0.01"],
     "CIFAR_FEDAVG": ["--config", "configs/fedavg_cifar.yaml", "--optimizer.lr", "0.01"],
