@@ -82,15 +82,23 @@ def main(argv=None) -> int:
     parser.add_argument("--extra", default="", help="settings added to every run (e.g. --trainer.accelerator gpu)")
     args = parser.parse_args(argv)
 
+    from fl_lightning.interrupts import RunInterrupted, stop_on_signals, stopped_line
     from fl_lightning.sweep import run_configurations, target_rounds
 
     failed = []
-    for data, parts in stack_groups(args.data, args.parts, args.stack_by):  # a stack's runs share the data tensors
-        configs = configurations(data, parts, args.methods, args.seeds, args.epochs, args.reading_tag,
-                                 args.runs_root, shlex.split(args.extra))
-        run_configurations(configs, [target_rounds(c.args) for c in configs], stack="grouped")
-        keep_summaries_only(configs)
-        failed += [c.name for c in configs if c.status == "failed"]
+    try:
+        with stop_on_signals():  # Ctrl-C and SIGTERM stop the stack as they stop a fit (and a shell's & cannot mute them)
+            for data, parts in stack_groups(args.data, args.parts, args.stack_by):  # a stack's runs share the data
+                configs = configurations(data, parts, args.methods, args.seeds, args.epochs, args.reading_tag,
+                                         args.runs_root, shlex.split(args.extra))
+                run_configurations(configs, [target_rounds(c.args) for c in configs], stack="grouped")
+                keep_summaries_only(configs)
+                failed += [c.name for c in configs if c.status == "failed"]
+    except RunInterrupted as stop:
+        command = shlex.join(["python", "experiments/fedov_stacked.py", *(sys.argv[1:] if argv is None else argv)])
+        print(f"fedov_stacked: {stopped_line(stop, [])}; finished runs are kept: run the same command to go on: "
+              f"{command}", file=sys.stderr, flush=True)
+        return stop.exit_status
     if failed:
         print(f"{len(failed)} runs failed: {', '.join(failed)}")
     return 1 if failed else 0

@@ -37,3 +37,23 @@ def test_stacks_group_runs_by_cell_or_by_data_set():
     assert groups == [("fmnist", ["C1"]), ("fmnist", ["C2"]), ("mnist", ["C1"]), ("mnist", ["C2"])]
     assert _script().stack_groups(["fmnist", "mnist"], ["C1", "C2"], "data") == [("fmnist", ["C1", "C2"]),
                                                                                ("mnist", ["C1", "C2"])]
+
+
+def test_a_stopped_stack_says_what_it_kept_and_how_to_go_on(tmp_path, monkeypatch, capsys):
+    import signal
+
+    from fl_lightning import sweep
+    from fl_lightning.interrupts import RunInterrupted
+
+    def stopped(configs, rounds, stack):
+        stop = RunInterrupted(signal.SIGINT)
+        stop.where, stop.kept = "with 2 stacked runs unfinished", ["mnist_C1_fedov_code_e3/seed0: nothing yet"]
+        raise stop
+
+    monkeypatch.setattr(sweep, "run_configurations", stopped)
+    argv = ["--epochs", "3", "--data", "mnist", "--parts", "C1", "--runs-root", str(tmp_path)]
+    assert _script().main(argv) == 130  # as a shell reports SIGINT
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("fedov_stacked: stopped by SIGINT with 2 stacked runs unfinished "
+                           "(kept: mnist_C1_fedov_code_e3/seed0: nothing yet); finished runs are kept")
+    assert line.endswith(f"python experiments/fedov_stacked.py --epochs 3 --data mnist --parts C1 --runs-root {tmp_path}")
