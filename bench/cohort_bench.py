@@ -14,7 +14,8 @@ CIFAR_FEDOVA / CIFAR_FEDAVG FedOVA's Table I on CIFAR-10 with VGG-11 (lr 0.01: s
 ATHENA ATHENA-FL on FMNIST (round 1 the MobileNet probe, then detector rounds); FEDAVG_MOBILENET
 its FedAvg-MobileNet baseline; FEDKT FedKT's one shot (#C=2).
 Variant cohort_cudnn_benchmark: the cohort engine with cuDNN's algorithm search
-(trainer.cudnn_benchmark), against variant cohort on the same workload.
+(trainer.cudnn_benchmark), against variant cohort on the same workload; cohort_no_compaction
+(or --no-compaction): cohorts keep their finished members to the end, against variant cohort.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ VARIANTS = {
     "cohort_fp32": ["--trainer.engine", "cohort", "--trainer.precision", "32-true"],
     "cohort_eager": ["--trainer.engine", "cohort", "--trainer.cuda_graph", "false"],
     "cohort_cudnn_benchmark": ["--trainer.engine", "cohort", "--trainer.cudnn_benchmark", "true"],
+    "cohort_no_compaction": ["--trainer.engine", "cohort"],  # and --no-compaction (main)
     "per_client": ["--trainer.engine", "per_client"],
     "per_client_fp32": ["--trainer.engine", "per_client", "--trainer.precision", "32-true"],
     "plain": ["--trainer.engine", "per_client", "--trainer.precision", "32-true"],
@@ -108,8 +110,17 @@ def main() -> None:
     ap.add_argument("--extra", default="", help="more CLI overrides, e.g. '--trainer.cohort_size 100'")
     ap.add_argument("--out", required=True)
     ap.add_argument("--profile", action="store_true", help="time the parts of each round (synchronised)")
+    ap.add_argument("--save-state", default=None, help="torch.save the final global state here (to compare variants)")
+    ap.add_argument("--no-compaction", action="store_true",
+                    help="cohorts keep their finished members to the end (the engine before compaction)")
     args = ap.parse_args()
     import torch
+
+    args.no_compaction = args.no_compaction or args.variant == "cohort_no_compaction"
+    if args.no_compaction:
+        from fl_lightning.cohort import engine
+
+        engine.COMPACT_SHARE = 0.0  # no cohort is ever left with at most none of its members
 
     run_dir = f"/tmp/cohort_bench/{args.workload}_{args.variant}_{os.getpid()}"
     cli = ["fit", *WORKLOADS[args.workload], *VARIANTS[args.variant], *args.extra.split(),
@@ -148,7 +159,7 @@ def main() -> None:
                   "train_loss_per_round": [m["train/loss"] for m in history],
                   "steps_per_round": [m["train/steps"] for m in history]}
     result.update({
-        "workload": args.workload, "variant": args.variant, "command": " ".join(cli),
+        "workload": args.workload, "variant": args.variant, "command": " ".join(cli), "compaction": not args.no_compaction,
         "rounds": len(accuracies), "wall_s": wall, "accuracy_per_round": accuracies,
         "device": torch.cuda.get_device_name(0) if gpu else platform.processor() or platform.machine(),
         "peak_gpu_memory_mb": torch.cuda.max_memory_allocated() / 2**20 if gpu else None,
@@ -156,6 +167,8 @@ def main() -> None:
     })
     if args.profile:
         result["profile_seconds_per_round"] = {k: v / len(accuracies) for k, v in totals.items()}
+    if args.save_state:
+        torch.save(dict(fed.state), args.save_state)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"{args.workload} {args.variant}: {result['seconds_per_round']:.3f} s/round, "

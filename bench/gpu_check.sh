@@ -32,6 +32,11 @@ bench FEDOV_E3_cohort 60 FEDOV cohort 1 --federation.local_epochs 3
 # 24-run target's work (docs/performance.md's step model holds FedOV's only)
 bench CLOSESET_E1_cohort 60 CLOSESET cohort 1 --federation.local_epochs 1
 bench CLOSESET_E3_cohort 60 CLOSESET cohort 1 --federation.local_epochs 3
+# compaction on the GPU: FedOV, FMNIST #C=2 (NIID-Bench's unequal clients), E = 20, the cohort
+# with and without its finished members dropped (a new graph per compaction against the
+# member-steps it saves; docs/performance.md)
+bench FEDOV_C2_E20_cohort 120 FEDOV cohort 1 --partition.labels_per_client 2 --federation.local_epochs 20
+bench FEDOV_C2_E20_no_compaction 120 FEDOV cohort_no_compaction 1 --partition.labels_per_client 2 --federation.local_epochs 20
 bench W1_cohort 120 W1 cohort 20
 bench MAIN_cohort 150 MAIN cohort 100
 bench W3_cohort 120 W3 cohort 20

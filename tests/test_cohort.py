@@ -294,3 +294,60 @@ def test_the_cohort_fit_applies_the_client_time_budget(tmp_path, monkeypatch):
     monkeypatch.setattr(client_module, "_clock", clock)
     with pytest.raises(RoundFailedError, match="ClientTimeout: local training ran past federation.client_timeout=5"):
         run_engine(tmp_path, "cohort", "--federation.client_timeout", "5")
+
+
+@pytest.fixture
+def compact_early(monkeypatch):
+    """The cohort drops its finished members at every step where some have finished (the
+    defaults wait for a quarter of them and 512 steps left: the tiny runs never get there)."""
+    from fl_lightning.cohort import engine
+
+    monkeypatch.setattr(engine, "COMPACT_EVERY", 1)
+    monkeypatch.setattr(engine, "COMPACT_MIN_STEPS", 1)
+    monkeypatch.setattr(engine, "COMPACT_SHARE", 1.0)
+    runners = []
+    original = engine.CohortRunner.without_finished
+
+    def counted(self, keep, *args, **kwargs):
+        runners.append(len(keep))
+        return original(self, keep, *args, **kwargs)
+
+    monkeypatch.setattr(engine.CohortRunner, "without_finished", counted)
+    return runners
+
+
+# unequal clients (Dirichlet): members finish at different steps; Adam's and momentum's state,
+# SCAFFOLD's gradient offsets and FedOV's draws must go on where the cohort dropped the others
+COMPACTED = ["fedavg_dirichlet_unequal_sizes", "fedova_adam", "scaffold", "fedov_one_shot"]
+
+
+@pytest.mark.parametrize("case", COMPACTED)
+def test_a_cohort_without_its_finished_members_equals_per_client_training(tmp_path, smooth_network, compact_early,
+                                                                          case):
+    extra, tolerance = CASES[case]
+    extra = [*extra, "--partition.scheme", "dirichlet"]
+    reference, ref_history = run_engine(tmp_path, "per_client", *smooth_network, *extra)
+
+    state, history = run_engine(tmp_path, "cohort", *smooth_network, *extra)
+
+    assert compact_early, "no member finished before the others: nothing was dropped"
+    worst = max((state[k] - reference[k]).abs().max().item() for k in state)
+    assert worst < tolerance, f"{case}: parameters differ by {worst}"
+    for ours, theirs in zip(history, ref_history):
+        assert ours["train/steps"] == theirs["train/steps"]
+        assert ours["train/loss"] == pytest.approx(theirs["train/loss"], rel=1e-5)
+
+
+def test_compaction_points_drop_the_finished_members_where_few_are_left(monkeypatch):
+    from fl_lightning.cohort import engine
+
+    monkeypatch.setattr(engine, "COMPACT_EVERY", 2)
+    monkeypatch.setattr(engine, "COMPACT_MIN_STEPS", 2)
+    active = torch.zeros(12, 4)
+    for member, steps in enumerate([2, 3, 8, 12]):
+        active[:steps, member] = 1
+    # at 2, 3 of 4 still step (<= 3/4 of them): drop member 0; at 4, 2 of 3; at 8, 1 of 2; at 10
+    # nobody finished (and 12 leaves fewer than 2 steps)
+    assert engine.compaction_points(active) == [(2, [1, 2, 3]), (4, [2, 3]), (8, [3])]
+    monkeypatch.setattr(engine, "COMPACT_SHARE", 0.25)
+    assert engine.compaction_points(active) == [(8, [3])]  # 1 of 4 members

@@ -14,6 +14,14 @@ masks are draws like any other (``dropout``), so networks with both stack too. O
 step is captured once in a CUDA graph and replayed (shapes are static within a round; a
 cohort of the same shapes in a later round reuses the graph) while the host draws the next
 window, and the data stay on the device: a round costs the arithmetic.
+
+A member whose local training has ended still costs its share of every step (masked), and a
+cohort runs as many steps as its largest member: with unequal clients (NIID-Bench's splits:
+the largest about 1.5x the mean) a long one-shot training would spend a third of its member
+steps on finished members. So where few members are left to step and many steps remain
+(``compaction_points``), the cohort goes on without its finished members: a new runner of
+the members still training, their parameters, optimizer state and draws carried over
+(``CohortTrainer.train``), its graph captured afresh.
 """
 
 from __future__ import annotations
@@ -34,6 +42,13 @@ from fl_lightning.cohort.optim import MemberOptimizer, OptimizerChoice, per_memb
 from fl_lightning.cohort.plan import BatchPlan, build_plan, without_steps
 from fl_lightning.config import OptimizerConfig
 from fl_lightning.functional import functional_forward
+
+#: a cohort drops its finished members when at most this share of its members still steps ...
+COMPACT_SHARE = 0.75
+#: ... and at least this many steps are left (the new runner's graph capture must pay for itself)
+COMPACT_MIN_STEPS = 512
+#: the steps at which it looks (the draw window: no partly used buffer of draws is left behind)
+COMPACT_EVERY = 256
 
 
 def _stack(dicts: Sequence[dict[str, Tensor]], device) -> list[Tensor]:
@@ -102,6 +117,7 @@ class CohortRunner:
         self.draw_buffers: dict[str, Tensor] = {}
         self.draw_position = torch.zeros(1, dtype=torch.long, device=device)
         self.draw_names: list[str] = []  # set by the first fill (run), before any step reads them
+        self.first_step = 0  # the number of this plan's first step in the members' own step sequences
         network = copy.deepcopy(template).to("meta").train()  # lends its code; its tensors cost nothing
         self.dropout_names = set(dropout_layers(network, tuple(x.shape[1:])))
         batch_norm, masks = padded_batch_norm(network), drawn_dropout(network)
@@ -184,7 +200,7 @@ class CohortRunner:
 
     def _fill_draws(self, start: int, count: int) -> None:
         """Steps start .. start + count - 1's draws into the buffers, read from position 0 on."""
-        window = self.draws.window(start, self.host_plan.weight[start:start + count],
+        window = self.draws.window(self.first_step + start, self.host_plan.weight[start:start + count],
                                    self.host_plan.active[start:start + count])
         for name, host in window.items():
             if name not in self.draw_buffers:
@@ -224,9 +240,33 @@ class CohortRunner:
         """Steps per window: with draws, as many as the draw buffers hold; else the whole plan."""
         return self.DRAW_WINDOW if self.draws is not None else max(self.num_steps, 1)
 
-    def windows(self) -> list[tuple[int, int]]:
-        """(first step, steps) of each window of the plan."""
-        return [(start, min(self.window, self.num_steps - start)) for start in range(0, self.num_steps, self.window)]
+    def windows(self, end: Optional[int] = None) -> list[tuple[int, int]]:
+        """(first step, steps) of each window of the plan, up to step ``end`` (default: its end)."""
+        end = self.num_steps if end is None else min(end, self.num_steps)
+        return [(start, min(self.window, end - start)) for start in range(0, end, self.window)]
+
+    def without_finished(self, keep: Sequence[int], at: int, template: nn.Module, members: Sequence[Member],
+                         use_graph: bool) -> "CohortRunner":
+        """A runner of the members ``keep`` (indices into this runner's) from this plan's step ``at``
+        on, where this one stopped: their parameters, running statistics, optimizer state, loss
+        sums and draws go on from here (``members``: this runner's, for the constants and
+        gradient offsets, which do not change while it trains)."""
+        now = self.member_params()
+        kept = [Member({n: now[m][n] for n in self.state_names}, members[m].consts, members[m].grad_offset) for m in keep]
+        plan = self.host_plan
+        rest = BatchPlan(plan.index[at:, keep], plan.weight[at:, keep], plan.active[at:, keep],
+                         plan.last_epoch[at:, keep], [plan.steps[m] for m in keep],
+                         [plan.last_epoch_batches[m] for m in keep])
+        draws = None if self.draws is None else StepDraws([self.draws.sources[m] for m in keep], self.draws.static)
+        chosen = (type(self.optimizer), self.optimizer.settings)
+        runner = CohortRunner(template, self.plugin, kept, rest, self.x, self.y, chosen, use_graph, draws,
+                              self.optimizer.lr[keep].tolist())
+        index = torch.tensor(list(keep), device=self.x.device)
+        for theirs, ours in zip(self.optimizer.tensors(), runner.optimizer.tensors()):
+            ours.copy_(theirs.index_select(0, index))
+        runner.loss_sum.copy_(self.loss_sum.index_select(0, index))
+        runner.first_step = self.first_step + at
+        return runner
 
     def run_window(self, start: int, count: int, autocast: Callable) -> None:
         """Steps start .. start + count - 1 (the windows in order, after ``reset``)."""
@@ -287,8 +327,8 @@ class StepWindows:
     """The cohort Trainer's data: one batch per window of the plan's steps, (first step, steps);
     each training step of the ``CohortModule`` runs that window for every member."""
 
-    def __init__(self, runner: CohortRunner) -> None:
-        self.windows = runner.windows()
+    def __init__(self, runner: CohortRunner, end: Optional[int] = None) -> None:
+        self.windows = runner.windows(end)
 
     def __iter__(self):
         return iter(self.windows)
@@ -297,10 +337,11 @@ class StepWindows:
         return len(self.windows)
 
 
-def cohort_module(runner: CohortRunner):
+def cohort_module(runner: CohortRunner, fresh: bool = True):
     """The LightningModule a cohort's Trainer fits, with the Trainer's precision, device and
     callbacks (e.g. the client time budget, checked after every window): each training step
-    runs one window of the plan (manual optimisation: the member optimizers live in the runner)."""
+    runs one window of the plan (manual optimisation: the member optimizers live in the runner),
+    from a fresh optimizer state, or (``fresh`` False) from the one the runner holds."""
     from lightning.pytorch import LightningModule
 
     class CohortModule(LightningModule):
@@ -310,7 +351,8 @@ def cohort_module(runner: CohortRunner):
             self.runner = runner
 
         def on_train_epoch_start(self) -> None:
-            runner.reset()
+            if fresh:
+                runner.reset()
 
         def training_step(self, batch, batch_idx):
             start, count = batch
@@ -342,10 +384,11 @@ def epoch_progress(clients: Sequence[int], plan: BatchPlan, epochs: Sequence[int
     class EpochProgress(Callback):
         def __init__(self) -> None:
             self.reported = [0] * len(clients)
+            self.first_step = 0  # the plan's step at which the runner being fitted starts
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
             start, count = batch
-            done = int(start) + int(count)
+            done = self.first_step + int(start) + int(count)
             for k, (client, steps, e, report) in enumerate(zip(clients, plan.steps, epochs, reporters)):
                 finished = min(e, done * e // steps) if steps else e
                 if report is not None and finished > self.reported[k]:
@@ -353,6 +396,23 @@ def epoch_progress(clients: Sequence[int], plan: BatchPlan, epochs: Sequence[int
                     report(client, finished, e)
 
     return [EpochProgress()]
+
+
+def compaction_points(active: Tensor) -> list[tuple[int, list[int]]]:
+    """Where a cohort of the plan's ``active`` (steps, members) drops its finished members: each
+    (step, the members still stepping at or after it), at multiples of ``COMPACT_EVERY`` where at
+    most ``COMPACT_SHARE`` of the members then in the cohort still step and at least
+    ``COMPACT_MIN_STEPS`` steps are left."""
+    steps, members = active.shape
+    stepping = active > 0
+    ends = [int(torch.nonzero(stepping[:, m]).max()) + 1 if bool(stepping[:, m].any()) else 0 for m in range(members)]
+    points, current = [], list(range(members))
+    for at in range(COMPACT_EVERY, steps - COMPACT_MIN_STEPS + 1, COMPACT_EVERY):
+        still = [m for m in current if ends[m] > at]
+        if len(still) < len(current) and len(still) <= COMPACT_SHARE * len(current):
+            points.append((at, still))
+            current = still
+    return points
 
 
 class CohortTrainer:
@@ -398,7 +458,8 @@ class CohortTrainer:
         if has_batch_norm(network):  # a lone sample: skipped, as MultiClassClassifier skips it
             plan = without_steps(plan, ~normalisable(plan.weight.sum(-1)))
         member_plan = BatchPlan(plan.index[:, member_entry], plan.weight[:, member_entry], plan.active[:, member_entry],
-                                plan.last_epoch[:, member_entry], plan.steps, plan.last_epoch_batches)
+                                plan.last_epoch[:, member_entry], [plan.steps[k] for k in member_entry],
+                                [plan.last_epoch_batches[k] for k in member_entry])
         optimizer = plugin.optimizer(entries[0][0])  # every setting but lr: the cohort's (plugin_for)
         lr = [entries[k][0].optimizer.lr for k in member_entry]
         draws = plugin.step_draws(self.ctx, [task for task, _ in entries], list(seeds), member_entry)
@@ -419,10 +480,24 @@ class CohortTrainer:
                 self._runners.pop(next(iter(self._runners)))
         reporters = [self.ctx.on_epoch] * len(entries) if reporters is None else reporters
         progress = epoch_progress([task.client_id for task, _ in entries], plan, epochs, reporters)
-        trainer = self.make_trainer(self.ctx, 1, [*self.fit_callbacks(), *progress])
-        trainer.fit(cohort_module(runner), train_dataloaders=StepWindows(runner))
-        params = runner.member_params()
-        losses = runner.member_losses(member_entry)
+        callbacks = [*self.fit_callbacks(), *progress]  # one set for every runner: one time budget
+        params, losses = [None] * len(members), [None] * len(members)
+        in_runner, at = list(range(len(members))), 0  # the members the runner trains, from step ``at`` of the plan
+        runner_members = list(members)
+        for end, still in [*compaction_points(member_plan.active), (member_plan.num_steps, [])]:
+            for callback in progress:
+                callback.first_step = at
+            self.make_trainer(self.ctx, 1, callbacks).fit(cohort_module(runner, fresh=at == 0),
+                                                          train_dataloaders=StepWindows(runner, end - at))
+            keep = [in_runner.index(m) for m in still]
+            done = [k for k in range(len(in_runner)) if k not in keep]
+            now, now_losses = runner.member_params(), runner.member_losses(list(range(len(in_runner))))
+            for k in done:  # trained to their end: their results are final
+                params[in_runner[k]], losses[in_runner[k]] = now[k], now_losses[k]
+            if keep:
+                runner = runner.without_finished(keep, end - at, network, runner_members, self.ctx.trainer.cuda_graph)
+                runner_members = [runner_members[k] for k in keep]
+                in_runner, at = list(still), end
         results, start = [], 0
         for k, (task, idx) in enumerate(entries):
             count = member_entry.count(k)
