@@ -107,9 +107,10 @@ def test_the_machine_s_copies_are_found_without_a_setting_unless_switched_off(tm
 def test_fashion_mnist_files_given_to_an_mnist_run_are_refused_not_read_as_mnist(tmp_path):
     write_idx_gz(tmp_path / "fashion", pixel=73)  # 73 / 255 = 0.286: Fashion-MNIST's mean pixel
     cfg = DataConfig(name="mnist", root=str(tmp_path / "cache"), offline_roots=[], idx_gz_dir=str(tmp_path / "fashion"))
-    with pytest.raises(DataFormatError, match=r"mnist: the training images in .*MNIST/raw have mean pixel 0\.286, "
+    with pytest.raises(DataFormatError, match=r"mnist: the training images in .*fashion have mean pixel 0\.286, "
                                               r"which is fashion_mnist's"):
         load_dataset(cfg)
+    assert not (tmp_path / "cache" / "MNIST").exists()  # refused before anything was unpacked
     write_idx_gz(tmp_path / "digits", pixel=33)  # 0.129: MNIST's
     assert load_dataset(DataConfig(name="mnist", root=str(tmp_path / "c2"), offline_roots=[],
                                    idx_gz_dir=str(tmp_path / "digits"))).train_x.shape == (12, 1, 28, 28)
@@ -243,3 +244,26 @@ def test_image_pack_with_corrupt_jpeg_bytes_is_refused_with_its_split_named(tmp_
         np.savez(f, **arrays)
     with pytest.raises(DataFormatError, match="its test split cannot be read"):
         load_dataset(DataConfig(name="cifar10", offline_roots=[], image_pack=str(tmp_path / "c.npz")))
+
+
+def test_an_idx_gz_dir_never_overwrites_a_copy_it_did_not_unpack(tmp_path):
+    # data.root holds the user's own MNIST files (not unpacked by fl_lightning): another
+    # data.idx_gz_dir is refused, and the files stay as they were
+    write_idx_gz(tmp_path / "own", pixel=33)
+    raw = tmp_path / "data" / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for archive in (tmp_path / "own").iterdir():
+        (raw / archive.name[:-3]).write_bytes(gzip.decompress(archive.read_bytes()))
+    before = {f.name: f.read_bytes() for f in raw.iterdir()}
+    write_idx_gz(tmp_path / "other", pixel=34)
+
+    with pytest.raises(DataFormatError, match=r"holds other idx files, not unpacked from a data.idx_gz_dir"):
+        load_dataset(DataConfig(name="mnist", root=str(tmp_path / "data"), offline_roots=[],
+                                idx_gz_dir=str(tmp_path / "other")))
+    assert {f.name: f.read_bytes() for f in raw.iterdir()} == before
+    assert load_dataset(DataConfig(name="mnist", root=str(tmp_path / "data"), offline_roots=[])).train_x.shape == \
+        (12, 1, 28, 28)  # read where they are without the setting
+    # the same files as the archive (gunzipped by hand): read, and nothing rewritten
+    cfg = DataConfig(name="mnist", root=str(tmp_path / "data"), offline_roots=[], idx_gz_dir=str(tmp_path / "own"))
+    assert load_dataset(cfg).train_x.shape == (12, 1, 28, 28)
+    assert {f.name: f.read_bytes() for f in raw.iterdir() if f.name in before} == before

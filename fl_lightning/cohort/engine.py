@@ -17,7 +17,7 @@ window, and the data stay on the device: a round costs the arithmetic.
 
 A member whose local training has ended still costs its share of every step (masked), and a
 cohort runs as many steps as its largest member: with unequal clients (NIID-Bench's splits:
-the largest about 1.5x the mean) a long one-shot training would spend a third of its member
+the largest about 1.5x the mean) a long one-shot training would spend up to a third of its member
 steps on finished members. So where few members are left to step and many steps remain
 (``compaction_points``), the cohort goes on without its finished members: a new runner of
 the members still training, their parameters, optimizer state and draws carried over

@@ -164,7 +164,9 @@ def _load_mnist_like(cfg: DataConfig, root: Path):
     cls = FashionMNIST if cfg.name == "fashion_mnist" else MNIST
     folder = cls.__name__  # torchvision reads <root>/<ClassName>/raw/
     if cfg.idx_gz_dir:  # named by the user: it wins over any copy, and must hold the files
-        _unpack_idx_gz(explicit_folder("idx_gz_dir", cfg.idx_gz_dir), root / folder / "raw")
+        source = explicit_folder("idx_gz_dir", cfg.idx_gz_dir)
+        _refuse_the_other_mnist(cfg.name, source, _gz_train_images(source))  # before anything is written
+        _unpack_idx_gz(source, root / folder / "raw")
         return _mnist_tensors(cfg.name, cls, root, download=False)
     roots = search_roots(cfg)
     for candidate in roots:
@@ -218,12 +220,24 @@ _OTHER_SET_TOLERANCE = 0.01
 
 def _refuse_the_other_mnist(name: str, source: Path, train_images: Tensor) -> None:
     other = {"mnist": "fashion_mnist", "fashion_mnist": "mnist"}[name]
+    if not train_images.numel():
+        return
     mean = float(train_images.sum(dtype=torch.float64)) / (255.0 * train_images.numel())
     own, others = _NORMALISATION[name][0][0], _NORMALISATION[other][0][0]
     if abs(mean - others) < _OTHER_SET_TOLERANCE:
         raise DataFormatError(f"{name}: the training images in {source} have mean pixel {mean:.3f}, which is "
                               f"{other}'s ({others}), not {name}'s ({own}): the files are {other}'s (same file "
                               f"names; check data.idx_gz_dir and the folder)")
+
+
+def _gz_train_images(source: Path) -> Tensor:
+    """The training images of ``source``'s ``train-images-idx3-ubyte.gz`` as uint8 (empty when it
+    is missing: ``_unpack_idx_gz`` names what is missing)."""
+    archive = source / "train-images-idx3-ubyte.gz"
+    if not archive.is_file():
+        return torch.zeros(0, dtype=torch.uint8)
+    with gzip.open(archive, "rb") as f:
+        return torch.frombuffer(bytearray(f.read()[16:]), dtype=torch.uint8)  # after the idx header
 
 
 def _has_idx_files(folder: Path) -> bool:
@@ -245,8 +259,18 @@ def _unpack_idx_gz(source: Path, target: Path) -> None:
     missing = _missing_gz(source)
     if missing:
         raise DataNotFoundError(f"data.idx_gz_dir={str(source)!r} lacks {missing}")
-    target.mkdir(parents=True, exist_ok=True)
     origin = target / _UNPACKED_FROM
+    if _has_idx_files(target) and not origin.is_file():  # someone else's copy: never overwritten
+        if all((target / n).read_bytes() == gzip.decompress((source / f"{n}.gz").read_bytes()) for n in _IDX_FILES):
+            try:  # the archive's own files (e.g. gunzipped by hand): known as such from now on
+                origin.write_text(str(source.resolve()))
+            except OSError:  # a read-only copy: compared again next time
+                pass
+            return
+        raise DataFormatError(f"data.idx_gz_dir={str(source)!r}: {target} holds other idx files, not unpacked from a "
+                              f"data.idx_gz_dir (no {_UNPACKED_FROM}); they are left as they are: drop "
+                              f"data.idx_gz_dir to read them, or point data.root at another folder")
+    target.mkdir(parents=True, exist_ok=True)
     same_source = origin.is_file() and origin.read_text() == str(source.resolve())
     origin.unlink(missing_ok=True)  # written again once every file is in place
     for name in _IDX_FILES:
