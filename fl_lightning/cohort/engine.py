@@ -246,12 +246,11 @@ class CohortRunner:
         return [(start, min(self.window, end - start)) for start in range(0, end, self.window)]
 
     def without_finished(self, keep: Sequence[int], at: int, template: nn.Module, members: Sequence[Member],
-                         use_graph: bool) -> "CohortRunner":
+                         now: Sequence[dict[str, Tensor]], use_graph: bool) -> "CohortRunner":
         """A runner of the members ``keep`` (indices into this runner's) from this plan's step ``at``
         on, where this one stopped: their parameters, running statistics, optimizer state, loss
         sums and draws go on from here (``members``: this runner's, for the constants and
-        gradient offsets, which do not change while it trains)."""
-        now = self.member_params()
+        gradient offsets, which do not change while it trains; ``now``: its ``member_params()``)."""
         kept = [Member({n: now[m][n] for n in self.state_names}, members[m].consts, members[m].grad_offset) for m in keep]
         plan = self.host_plan
         rest = BatchPlan(plan.index[at:, keep], plan.weight[at:, keep], plan.active[at:, keep],
@@ -404,8 +403,10 @@ def compaction_points(active: Tensor) -> list[tuple[int, list[int]]]:
     most ``COMPACT_SHARE`` of the members then in the cohort still step and at least
     ``COMPACT_MIN_STEPS`` steps are left."""
     steps, members = active.shape
-    stepping = active > 0
-    ends = [int(torch.nonzero(stepping[:, m]).max()) + 1 if bool(stepping[:, m].any()) else 0 for m in range(members)]
+    if steps < COMPACT_EVERY + COMPACT_MIN_STEPS:  # most cohorts (every round of a multi-round run): none
+        return []
+    # one past each member's last step (0: none)
+    ends = ((active > 0) * torch.arange(1, steps + 1).unsqueeze(1)).amax(0).tolist()
     points, current = [], list(range(members))
     for at in range(COMPACT_EVERY, steps - COMPACT_MIN_STEPS + 1, COMPACT_EVERY):
         still = [m for m in current if ends[m] > at]
@@ -495,7 +496,7 @@ class CohortTrainer:
             for k in done:  # trained to their end: their results are final
                 params[in_runner[k]], losses[in_runner[k]] = now[k], now_losses[k]
             if keep:
-                runner = runner.without_finished(keep, end - at, network, runner_members, self.ctx.trainer.cuda_graph)
+                runner = runner.without_finished(keep, end - at, network, runner_members, now, self.ctx.trainer.cuda_graph)
                 runner_members = [runner_members[k] for k in keep]
                 in_runner, at = list(still), end
         results, start = [], 0
