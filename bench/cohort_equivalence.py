@@ -8,6 +8,9 @@ and average pooling), so that rounding differences of differently ordered sums s
 level instead of flipping ReLU kinks: a difference past the tolerance is then a bug, not noise.
 
     python bench/cohort_equivalence.py --accelerator gpu --out equivalence.json
+
+--cohort-extra adds overrides to the cohort engine's runs only, e.g. "--trainer.compile true"
+(the compiled step against the per-client reference).
 """
 
 from __future__ import annotations
@@ -66,13 +69,14 @@ def main() -> None:
     ap.add_argument("--accelerator", default="cpu")
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
+    ap.add_argument("--cohort-extra", default="", help="more overrides for the cohort engine's runs")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     ARCHITECTURES["simple_cnn"] = lambda **kwargs: smoothed(SimpleCNN(**kwargs))
     bf16 = args.accelerator == "cpu" or torch.cuda.is_bf16_supported()
     report = {"device": torch.cuda.get_device_name(0) if args.accelerator == "gpu" else "cpu", "tolerance": TOLERANCE,
-              "cases": {}}
+              "cohort_extra": args.cohort_extra, "cases": {}}
     failed = []
     for name, extra in CASES.items():
         for precision in ("32-true", "bf16-mixed") if bf16 else ("32-true",):
@@ -82,7 +86,9 @@ def main() -> None:
             for engine in ("per_client", "cohort"):
                 run_dir = tempfile.mkdtemp(prefix=f"eq_{name}_{engine}_")
                 fed = build_federation(tiny(run_dir, *extra, "--trainer.accelerator", args.accelerator,
-                                            "--trainer.precision", precision, "--trainer.engine", engine), callbacks=[])[2]
+                                            "--trainer.precision", precision, "--trainer.engine", engine,
+                                            *(args.cohort_extra.split() if engine == "cohort" else [])),
+                                       callbacks=[])[2]
                 fed.setup()
                 start = {k: v.float().cpu() for k, v in fed.state.items()}
                 summary = fed.fit()

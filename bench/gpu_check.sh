@@ -28,15 +28,28 @@ fi
 # host's draws held the graph back, and 0.43 s at 55648b8 with the window draws: docs/performance.md), then E = 200 itself
 bench FEDOV_E1_cohort 60 FEDOV cohort 1 --federation.local_epochs 1
 bench FEDOV_E3_cohort 60 FEDOV cohort 1 --federation.local_epochs 3
+# trainer.compile (torch.compile of the cohort's step before its capture; off by default until
+# measured here): the same epoch (E = 3 minus E = 1: the compile time is in both), then its
+# equivalence to the per-client engine in fp32 and bf16-mixed (on two CPU cores:
+# bench/results/compile_cpu.json)
+bench FEDOV_E1_cohort_compiled 300 FEDOV cohort_compiled 1 --federation.local_epochs 1
+bench FEDOV_E3_cohort_compiled 300 FEDOV cohort_compiled 1 --federation.local_epochs 3
+if echo COMPILED_EQUIVALENCE | grep -qE "$ONLY"; then
+  timeout 400 python3 bench/cohort_equivalence.py --accelerator gpu --only fedov_one_shot --cohort-extra "--trainer.compile true" \
+    --out "$RESULTS/equivalence_gpu_compiled.json" 2>&1 | grep -vi warn | cut -c1-160
+fi
 # close-set voting's epoch in the same setting (E = 3 minus E = 1): the other half of the
 # 24-run target's work (docs/performance.md's step model holds FedOV's only)
 bench CLOSESET_E1_cohort 60 CLOSESET cohort 1 --federation.local_epochs 1
 bench CLOSESET_E3_cohort 60 CLOSESET cohort 1 --federation.local_epochs 3
+bench CLOSESET_E1_cohort_compiled 300 CLOSESET cohort_compiled 1 --federation.local_epochs 1
+bench CLOSESET_E3_cohort_compiled 300 CLOSESET cohort_compiled 1 --federation.local_epochs 3
 # compaction on the GPU: FedOV, FMNIST #C=2 (NIID-Bench's unequal clients), E = 20, the cohort
 # with and without its finished members dropped (a new graph per compaction against the
 # member-steps it saves; docs/performance.md)
 bench FEDOV_C2_E20_cohort 120 FEDOV cohort 1 --partition.labels_per_client 2 --federation.local_epochs 20
 bench FEDOV_C2_E20_no_compaction 120 FEDOV cohort_no_compaction 1 --partition.labels_per_client 2 --federation.local_epochs 20
+bench FEDOV_C2_E20_cohort_compiled 400 FEDOV cohort_compiled 1 --partition.labels_per_client 2 --federation.local_epochs 20
 bench W1_cohort 120 W1 cohort 20
 bench MAIN_cohort 150 MAIN cohort 100
 bench W3_cohort 120 W3 cohort 20
@@ -67,6 +80,7 @@ CIFAR_PACK=${CIFAR_PACK:-.gpucifar/cifar10_q75.npz}
 if [ -f "$CIFAR_PACK" ]; then
   bench CIFAR_FEDOVA_cohort 150 CIFAR_FEDOVA cohort 3 --data.image_pack $CIFAR_PACK
   bench CIFAR_FEDOVA_cudnn_benchmark 150 CIFAR_FEDOVA cohort_cudnn_benchmark 3 --data.image_pack $CIFAR_PACK
+  bench CIFAR_FEDOVA_compiled 300 CIFAR_FEDOVA cohort_compiled 3 --data.image_pack $CIFAR_PACK
 fi
 # Stacked sweeps (fl_lightning/stacking.py): a 3 x 3 E x B FedOVA grid (W1 setting, 20 rounds)
 # stacked (a cohort per B; every B padded into one) against the nine runs one after another

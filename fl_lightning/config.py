@@ -261,6 +261,12 @@ class TrainerConfig:
             the fastest (the Trainer's ``benchmark``). vmap turns a cohort's convolutions into
             grouped ones, for which cuDNN's default choice may be slow; off by default until a
             GPU measures it (bench/cohort_bench.py, variant cohort_cudnn_benchmark).
+        compile: compile the cohort's training step with ``torch.compile`` (inductor, one
+            graph) before it runs or is captured, so that its many small operations (the
+            optimizer's update, FedOV's destruction, FGSM and PROSER terms) fuse into fewer
+            kernels. Each new cohort shape compiles once (FedOV's: about a minute on a CPU);
+            past torch.compile's limit of 8 shapes new ones run eagerly. Off by default:
+            not yet measured on a GPU (bench/cohort_bench.py, variant cohort_compiled).
     """
 
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
@@ -271,6 +277,7 @@ class TrainerConfig:
     cohort_size: int = 0
     cuda_graph: bool = True
     cudnn_benchmark: bool = False
+    compile: bool = False
 
 
 @dataclass

@@ -351,3 +351,60 @@ def test_compaction_points_drop_the_finished_members_where_few_are_left(monkeypa
     assert engine.compaction_points(active) == [(2, [1, 2, 3]), (4, [2, 3]), (8, [3])]
     monkeypatch.setattr(engine, "COMPACT_SHARE", 0.25)
     assert engine.compaction_points(active) == [(8, [3])]  # 1 of 4 members
+
+
+def test_a_compiled_cohort_step_trains_as_the_eager_one(tmp_path):
+    # trainer.compile: FedAvg on logistic regression compiles in seconds; the second round's
+    # runner is a new object of the same shapes and reuses the compiled code
+    from torch._dynamo.utils import counters
+
+    extra = ["--algorithm", "FedAvg", "--model.architecture", "logistic"]
+    eager, eager_history = run_engine(tmp_path / "eager", "cohort", *extra)
+    torch._dynamo.reset()  # no compiled code left by another test
+    counters.clear()
+
+    state, history = run_engine(tmp_path / "compiled", "cohort", *extra, "--trainer.compile", "true")
+
+    assert counters["stats"]["unique_graphs"] == 1, "the step was not compiled once as one graph"
+    assert max((state[k] - eager[k]).abs().max().item() for k in state) < 1e-6
+    assert [m["train/loss"] for m in history] == pytest.approx([m["train/loss"] for m in eager_history], rel=1e-5, abs=1e-7)
+
+
+def test_past_the_compile_limit_a_new_cohort_shape_trains_eagerly_with_the_same_result(tmp_path, monkeypatch):
+    # unequal clients: each round's plan has its own number of steps, a new shape; with a
+    # limit of one compiled shape the second round runs its step eagerly
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    extra = ["--algorithm", "FedAvg", "--model.architecture", "logistic", "--partition.scheme", "dirichlet"]
+    eager, _ = run_engine(tmp_path / "eager", "cohort", *extra)
+    torch._dynamo.reset()  # no compiled code left by another test
+    counters.clear()
+
+    state, _ = run_engine(tmp_path / "compiled", "cohort", *extra, "--trainer.compile", "true")
+
+    assert counters["stats"]["unique_graphs"] == 1
+    assert max((state[k] - eager[k]).abs().max().item() for k in state) < 1e-6
+
+
+@pytest.mark.slow  # FedOV's step compiles in about a minute on a CPU
+def test_a_compiled_fedov_cohort_equals_per_client_training(tmp_path, smooth_network):
+    extra, tolerance = CASES["fedov_one_shot"]
+    reference, _ = run_engine(tmp_path, "per_client", *smooth_network, *extra)
+
+    state, _ = run_engine(tmp_path, "cohort", *smooth_network, *extra, "--trainer.compile", "true")
+
+    assert max((state[k] - reference[k]).abs().max().item() for k in state) < tolerance
+
+
+def test_a_step_that_does_not_compile_names_the_setting(monkeypatch):
+    from fl_lightning.cohort import engine
+
+    def cannot(step, **settings):
+        def run():
+            raise torch._dynamo.exc.TorchDynamoException("data-dependent branch")
+        return run
+
+    monkeypatch.setattr(torch, "compile", cannot)
+    with pytest.raises(RuntimeError, match=r"trainer.compile: .*data-dependent branch.*without --trainer.compile"):
+        engine.compiled(lambda: None)()

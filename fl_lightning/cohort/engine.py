@@ -13,7 +13,9 @@ the step carries (``batch_norm``: statistics of each member's real samples only)
 masks are draws like any other (``dropout``), so networks with both stack too. On a GPU the
 step is captured once in a CUDA graph and replayed (shapes are static within a round; a
 cohort of the same shapes in a later round reuses the graph) while the host draws the next
-window, and the data stay on the device: a round costs the arithmetic.
+window, and the data stay on the device: a round costs the arithmetic. With
+``trainer.compile`` the step is first compiled by ``torch.compile`` as one graph (``compiled``),
+which fuses its many small operations; the capture then records the fused kernels.
 
 A member whose local training has ended still costs its share of every step (masked), and a
 cohort runs as many steps as its largest member: with unequal clients (NIID-Bench's splits:
@@ -82,6 +84,24 @@ def _choice(optimizer: Union[OptimizerConfig, OptimizerChoice]) -> OptimizerChoi
     return chosen
 
 
+def compiled(step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` compiled by ``torch.compile`` as one graph (``trainer.compile``): the members'
+    tensors are read from the runner at each call, so a later runner of the same shapes reuses
+    the compiled code (a new shape compiles anew). A step it cannot trace whole fails loudly at
+    its first call, naming the setting, rather than running in pieces."""
+    graph = torch.compile(step, fullgraph=True, dynamic=False)
+
+    def run() -> None:
+        try:
+            graph()
+        except torch._dynamo.exc.TorchDynamoException as error:
+            raise RuntimeError(f"trainer.compile: torch.compile cannot compile this cohort's training step as one "
+                               f"graph ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+                               f"run without --trainer.compile") from error
+
+    return run
+
+
 class CohortRunner:
     """The static tensors of one cohort shape (parameters, running statistics, optimizer state,
     batch plan, draw buffers) and its training step, eager or replayed from a captured CUDA graph."""
@@ -91,7 +111,8 @@ class CohortRunner:
 
     def __init__(self, template: nn.Module, plugin: CohortPlugin, members: list[Member], plan: BatchPlan,
                  x: Tensor, y: Tensor, optimizer: Union[OptimizerConfig, OptimizerChoice], use_graph: bool,
-                 draws: Optional[StepDraws] = None, lr: Optional[Sequence[float]] = None) -> None:
+                 draws: Optional[StepDraws] = None, lr: Optional[Sequence[float]] = None,
+                 compile_step: bool = False) -> None:
         device = x.device
         self.x, self.y, self.plugin, self.draws = x, y, plugin, draws
         self.state_names = list(members[0].params)  # the members' state-dict order, for the result
@@ -152,6 +173,8 @@ class CohortRunner:
 
         # e.g. FIM-L-BFGS's diagonal Fisher: per member, from per-sample gradients of its data loss
         self.statistic_fn = vmap(member_statistic) if self.optimizer.uses_sample_losses else None
+        self.compile_step = compile_step
+        self._step = compiled(self.step) if compile_step else self.step  # what the windows and the capture run
 
     @staticmethod
     def shape_key(members: list[Member], plan: BatchPlan, optimizer: Union[OptimizerConfig, OptimizerChoice]) -> tuple:
@@ -259,7 +282,7 @@ class CohortRunner:
         draws = None if self.draws is None else StepDraws([self.draws.sources[m] for m in keep], self.draws.static)
         chosen = (type(self.optimizer), self.optimizer.settings)
         runner = CohortRunner(template, self.plugin, kept, rest, self.x, self.y, chosen, use_graph, draws,
-                              self.optimizer.lr[keep].tolist())
+                              self.optimizer.lr[keep].tolist(), self.compile_step)
         index = torch.tensor(list(keep), device=self.x.device)
         for theirs, ours in zip(self.optimizer.tensors(), runner.optimizer.tensors()):
             ours.copy_(theirs.index_select(0, index))
@@ -274,7 +297,7 @@ class CohortRunner:
         if not self.use_graph:
             for _ in range(count):
                 with autocast():
-                    self.step()
+                    self._step()
             return
         if self.graph is None:
             self._capture(autocast)
@@ -296,15 +319,15 @@ class CohortRunner:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(min(self.WARMUP_STEPS, self.num_steps, self.DRAW_WINDOW)):  # never past the plan's end
-                with autocast():
-                    self.step()
+                with autocast():  # (a compiled step compiles in the first)
+                    self._step()
         torch.cuda.current_stream().wait_stream(side)
         for t, v in zip(state, saved):
             t.copy_(v)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             with autocast():
-                self.step()
+                self._step()
 
     def member_params(self) -> list[dict[str, Tensor]]:
         """Each member's state dict: its parameters and running statistics, in its own order; and
@@ -474,7 +497,7 @@ class CohortTrainer:
             runner.load(members, member_plan, draws, lr)
         else:
             runner = CohortRunner(network, plugin, members, member_plan, self.ctx.x, self.ctx.y, optimizer,
-                                  self.ctx.trainer.cuda_graph, draws, lr)
+                                  self.ctx.trainer.cuda_graph, draws, lr, self.ctx.trainer.compile)
         if runner.use_graph:  # a graph is worth keeping (most recently used last); an eager runner is cheap
             self._runners[key] = runner
             while len(self._runners) > self.MAX_GRAPHS:
