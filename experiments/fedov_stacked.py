@@ -10,6 +10,7 @@ set: fewer, larger stacks that save only a step's fixed cost (a member-step cost
 any stack size, and a cohort runs its largest client's steps) and lose more to a deadline.
 
     python experiments/fedov_stacked.py --epochs 200 --seeds 0 1 2 --extra "--trainer.accelerator gpu"
+    python experiments/fedov_stacked.py --data cifar --parts C2 --cifar-pack .gpucifar/cifar10_q75.npz ...
 
 Called by experiments/reproduction_gpu.sh (TASKS=fedov). Without the cohort engine (a CPU,
 unless --extra names --trainer.engine cohort) the runs train one after another.
@@ -22,6 +23,7 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -34,7 +36,10 @@ PARTITIONS = {  # experiments/reproduction.sh's C1, C2, D05
 METHODS = {"fedov": [], "closeset": ["--algorithm", "CloseSetVoting"]}
 
 
-def configurations(data: str, parts, methods, seeds, epochs: int, reading_tag: str, runs_root: Path, extra):
+def configurations(data: str, parts, methods, seeds, epochs: int, reading_tag: str, runs_root: Path, extra,
+                   cifar_pack: Optional[Path] = None):
+    """The runs of one data set; ``cifar_pack``: CIFAR-10's images as a data.image_pack file (a
+    machine without shared/data's copy: the GPU machine), for the cifar runs."""
     from fl_lightning.sweep import Configuration
 
     e_tag = "" if epochs == 20 else f"_e{epochs}"
@@ -47,6 +52,7 @@ def configurations(data: str, parts, methods, seeds, epochs: int, reading_tag: s
                 args = ["--config", str(ROOT / "configs" / f"fedov_{data}.yaml"), *PARTITIONS[part], *METHODS[method],
                         "--federation.local_epochs", str(epochs), "--run.checkpoint_clients", "true",
                         "--seed", str(seed), "--run.logger", "none", "--federation.on_divergence", "stop",
+                        *(["--data.image_pack", str(cifar_pack)] if data == "cifar" and cifar_pack else []),
                         *extra, "--run.dir", str(run_dir)]
                 configs.append(Configuration(values={"cell": name, "seed": seed}, name=f"{name}/seed{seed}",
                                              run_dir=run_dir, args=args))
@@ -72,7 +78,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=200, help="local epochs E (paper: 200)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--data", nargs="+", default=["fmnist", "mnist"], choices=("fmnist", "mnist"))
+    parser.add_argument("--data", nargs="+", default=["fmnist", "mnist"], choices=("fmnist", "mnist", "cifar"))
+    parser.add_argument("--cifar-pack", type=Path, default=None,
+                        help="CIFAR-10 as a data.image_pack file, for the cifar runs (python -m fl_lightning.data.image_pack)")
     parser.add_argument("--parts", nargs="+", default=list(PARTITIONS), choices=list(PARTITIONS))
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--reading-tag", default="_code", help="as experiments/reproduction.sh's READING_TAG")
@@ -90,7 +98,7 @@ def main(argv=None) -> int:
         with stop_on_signals():  # Ctrl-C and SIGTERM stop the stack as they stop a fit (and a shell's & cannot mute them)
             for data, parts in stack_groups(args.data, args.parts, args.stack_by):  # a stack's runs share the data
                 configs = configurations(data, parts, args.methods, args.seeds, args.epochs, args.reading_tag,
-                                         args.runs_root, shlex.split(args.extra))
+                                         args.runs_root, shlex.split(args.extra), args.cifar_pack)
                 run_configurations(configs, [target_rounds(c.args) for c in configs], stack="grouped")
                 keep_summaries_only(configs)
                 failed += [c.name for c in configs if c.status == "failed"]

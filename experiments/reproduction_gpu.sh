@@ -16,6 +16,8 @@
 #                FEDOV_STACK_BY=data: one stack per data set, which saves only the ≈ 2.85 ms fixed
 #                cost of a step (a member-step costs ≈ 0.18 ms at any stack size), and loses more
 #                to the deadline: MNIST #C=2 and Dir(0.5) as one stack of 60 were killed at 420 s);
+#                FEDOV_DATA (default "fmnist mnist"; "cifar" with FEDOV_PARTS=C2: CIFAR-10's #C=2
+#                cells, images from CIFAR_PACK, carry .gpucifar instead of .gpudata/.gpumnist);
 #   athena       ATHENA-FL Section 5.2.2: ATHENA-FL and FedAvg-MobileNet on MNIST and FMNIST (2
 #                classes per client), the text's and the authors' code's readings (*_code), at
 #                ATHENA_ROUNDS (default 200, the paper's) rounds, over SEEDS
@@ -108,6 +110,7 @@ for task in ${TASKS:-table1 datasharing}; do
         in_budget || break 2
         mkdir -p "$LOGS"
         $PYTHON experiments/fedov_stacked.py --epochs ${FEDOV_E:-200} --seeds ${SEEDS:-0 1 2} \
+          --data ${FEDOV_DATA:-fmnist mnist} --cifar-pack "${CIFAR_PACK:-$PWD/.gpucifar/cifar10_q75.npz}" \
           --parts ${FEDOV_PARTS:-C1 C2 D05} --stack-by ${FEDOV_STACK_BY:-cell} --reading-tag "${READING_TAG-_code}" --extra "$EXTRA" \
           2>&1 | tee -a "$LOGS/fedov_stacked.log" | grep -vE "Warning|warn" ;;
       athena)

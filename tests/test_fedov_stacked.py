@@ -32,6 +32,16 @@ def test_runs_are_named_as_reproduction_sh_names_them(tmp_path):
     assert run.run_dir == tmp_path / "fmnist_D05_fedov_code" / "seed1"
 
 
+def test_cifar_runs_read_the_cifar_config_and_only_they_the_image_pack(tmp_path):
+    pack = tmp_path / "cifar10_q75.npz"
+    (run,) = _script().configurations("cifar", ["C2"], ["fedov"], [0], 200, "_code", tmp_path, [], pack)
+    assert run.run_dir == tmp_path / "cifar_C2_fedov_code_e200" / "seed0"
+    assert run.args[run.args.index("--config") + 1].endswith("configs/fedov_cifar.yaml")
+    assert run.args[run.args.index("--data.image_pack") + 1] == str(pack)
+    (mnist,) = _script().configurations("mnist", ["C2"], ["fedov"], [0], 200, "_code", tmp_path, [], pack)
+    assert "--data.image_pack" not in mnist.args
+
+
 def test_stacks_group_runs_by_cell_or_by_data_set():
     groups = _script().stack_groups(["fmnist", "mnist"], ["C1", "C2"], "cell")
     assert groups == [("fmnist", ["C1"]), ("fmnist", ["C2"]), ("mnist", ["C1"]), ("mnist", ["C2"])]
