@@ -253,19 +253,25 @@ done
 # pooled, quadrupled data, half the clients a round; docs/reproduction_readings.md), named
 # *_code: about 9x the text reading's training (ATHENA-FL's MNIST run: 89 min on one core), so
 # they save a checkpoint every CHECKPOINT_EVERY rounds and the same command resumes them. The
-# code reads raw [0, 1] pixels (the _code configs' data.standardize: false); ATHENA-FL's *_code_std
-# runs are the same reading on standardised inputs, made before the code's pixels were read.
+# code reads raw [0, 1] pixels (the _code configs' data.standardize: false) and keeps each client's
+# Adam state from one of its rounds to its next (optimizer.keep_state: true, as the code's Keras
+# clients). The readings made before those details were read: *_code_std (ATHENA-FL on
+# standardised inputs, Adam afresh in every fit) and *_code_fresh (raw pixels, Adam afresh).
 R=${ATHENA_ROUNDS:-10}
 R_TAG=$([ "$R" = 200 ] || echo "_r$R")
-for reading in "" _code _code_std; do
+for reading in "" _code _code_fresh _code_std; do
   for data in mnist fmnist $([ "${CIFAR:-0}" = 1 ] && echo cifar); do
     pack=$([ $data = cifar ] && echo ${CIFAR_PACK:+--data.image_pack $CIFAR_PACK})
     every=$([ -z "$reading" ] && echo 0 || echo ${CHECKPOINT_EVERY:-0})
-    scale=$([ "$reading" = _code_std ] && echo --data.standardize true)
-    run ${data}_C2_athena$reading$R_TAG configs/athena_${data}${reading%_std}.yaml $pack $scale \
+    variant=()
+    [ "$reading" = _code_std ] && variant=(--data.standardize true --optimizer.keep_state false)
+    [ "$reading" = _code_fresh ] && variant=(--optimizer.keep_state false)
+    config_reading=${reading%_std}
+    config_reading=${config_reading%_fresh}
+    run ${data}_C2_athena$reading$R_TAG configs/athena_${data}$config_reading.yaml $pack "${variant[@]}" \
       --federation.rounds $((R + 1)) --federation.per_client_eval true --run.checkpoint_every $every
     [ "$reading" = _code_std ] && continue
-    run ${data}_C2_fedavg_mobilenet$reading$R_TAG configs/fedavg_mobilenet_${data}$reading.yaml $pack --federation.rounds $R \
-      --federation.per_client_eval true --run.checkpoint_every $every
+    run ${data}_C2_fedavg_mobilenet$reading$R_TAG configs/fedavg_mobilenet_${data}$config_reading.yaml $pack "${variant[@]}" \
+      --federation.rounds $R --federation.per_client_eval true --run.checkpoint_every $every
   done
 done

@@ -333,9 +333,12 @@ def train_in_cohorts(jobs: Sequence[CohortJob], trainer_for: Callable[[ClientCon
     other batch sizes or local epochs train in cohorts of their own (no padded sample, no
     masked epoch: the arithmetic of the runs alone), or, ``padded``, together (narrower batches
     padded, shorter trainings masked: fewer steps, each wider); jobs of a plug-in that trains a
-    group of its tasks itself go to it (``trained_as_groups``); the rest train per client."""
+    group of its tasks itself go to it (``trained_as_groups``); the rest, and the tasks whose
+    optimizer keeps its state across rounds (``optimizer.keep_state``), train per client."""
     def find(position: int):
         job = jobs[position]
+        if job.task.optimizer.keep_state:
+            return None  # a cohort's optimizers start afresh in every fit: trained per client
         trainer = trainer_for(job.ctx)
         found = trainer.plugin_for(job.task)
         if found is None:
@@ -373,7 +376,7 @@ def trained_as_groups(jobs: Sequence[CohortJob], positions: Sequence[int],
     groups: dict[tuple, list[int]] = {}
     for position in positions:
         job = jobs[position]
-        if len(job.indices):
+        if len(job.indices) and not job.task.optimizer.keep_state:
             groups.setdefault((job.task.kind, id(trainer_for(job.ctx))), []).append(position)
     outcomes: dict[int, object] = {}
     for (kind, _), members in groups.items():

@@ -136,7 +136,8 @@ class ModelConfig:
 
 @dataclass
 class OptimizerConfig:
-    """The clients' local optimizer, created afresh for every local fit (as in FedAvg).
+    """The clients' local optimizer, created afresh for every local fit (as in FedAvg) unless
+    ``keep_state``.
 
     Attributes:
         name: sgd | adam | fim_lbfgs (FIM-L-BFGS's client-side reading: local FIM-based L-BFGS
@@ -147,6 +148,11 @@ class OptimizerConfig:
         history: fim_lbfgs: the (s, y) pairs kept, m.
         damping: fim_lbfgs: lambda added to the diagonal Fisher (B = F + lambda I).
         max_step_norm: fim_lbfgs: the longest step ||lr p|| (unset: no limit).
+        keep_state: sgd, adam: each client keeps its optimizer's state (Adam's moments and
+            step count, SGD's momentum) from one of its rounds to its next, as a client that
+            compiles its model once and fits it every round (ATHENA-FL's Keras code); the
+            state stays on the client (never sent) and is saved with the run's checkpoints.
+            Such tasks train per client under the cohort engine.
     """
 
     name: Literal["sgd", "adam", "fim_lbfgs"] = "sgd"
@@ -156,6 +162,7 @@ class OptimizerConfig:
     history: int = 10
     damping: float = 1e-3
     max_step_norm: Optional[float] = None
+    keep_state: bool = False
 
 
 def check_optimizer(cfg: OptimizerConfig) -> None:
@@ -169,6 +176,9 @@ def check_optimizer(cfg: OptimizerConfig) -> None:
         raise ValueError(f"optimizer.history={cfg.history} must be >= 1")
     if cfg.name == "fim_lbfgs" and (cfg.momentum or cfg.weight_decay):
         raise ValueError("optimizer.name=fim_lbfgs takes no optimizer.momentum or optimizer.weight_decay")
+    if cfg.name == "fim_lbfgs" and cfg.keep_state:
+        raise ValueError("optimizer.keep_state applies to sgd and adam; fim_lbfgs rebuilds its (s, y) history "
+                         "in every local fit")
 
 
 @dataclass

@@ -32,7 +32,9 @@ _PLUGINS: dict[str, "ClientPlugin"] = {}
 
 class ClientPlugin(ABC):
     """The client side of one task kind. The default ``train`` is FedAvg's ClientUpdate shape:
-    build a module, fit it on the client's batches for E local epochs, read the result.
+    build a module, fit it on the client's batches for E local epochs, read the result (with
+    ``optimizer.keep_state``, the client's optimizer state restored before the fit and kept
+    after it).
     ``cohort``: how its tasks' members stack in the cohort engine (None: per client only); a
     plug-in whose one task is several trainings one after another trains a group of its tasks
     with the cohort engine itself instead (``train_group_in_cohorts``)."""
@@ -58,15 +60,20 @@ class ClientPlugin(ABC):
 
     def train(self, ctx: "ClientContext", task: ClientTask, indices: np.ndarray, seed: int, callbacks: Sequence,
               client_state: State) -> ClientResult:
+        from fl_lightning.callbacks.optimizer_state import KeptOptimizerState
         from fl_lightning.client import fit_module
         from fl_lightning.data.batches import ClientBatches
 
         batches = ClientBatches(ctx.x, ctx.y, torch.from_numpy(indices), ctx.federation.batch_size,
                                 torch.Generator().manual_seed(seed))
         module = self.build(ctx, task, client_state)
-        callbacks = [*callbacks, *self.fit_callbacks(ctx, task, seed)]
+        kept_optimizer = KeptOptimizerState(task.kind, task.classes, client_state) if task.optimizer.keep_state else None
+        callbacks = [*callbacks, *self.fit_callbacks(ctx, task, seed), *([kept_optimizer] if kept_optimizer else [])]
         steps, loss = fit_module(ctx, module, batches, self.local_epochs(task, ctx.federation), callbacks)
-        return self.result(task, module, len(indices), steps, loss, client_state)
+        result = self.result(task, module, len(indices), steps, loss, client_state)
+        if kept_optimizer is not None:
+            result.client_state = kept_optimizer.merged(result.client_state)
+        return result
 
     def train_group_in_cohorts(self, jobs: Sequence["CohortJob"], seeds: Sequence[int], cohorts: "CohortTrainer",
                                cohort_size: int) -> list[Optional[ClientResult | "ClientFailure"]]:

@@ -10,11 +10,18 @@ that dies is noticed (its job gets an error, a fresh worker takes its place), an
 
 A job may send notes to the parent while it runs (``notify``: client training reports its
 epochs), handed to ``imap_unordered``'s ``on_note`` in the parent.
+
+Jobs and results travel as plain pickles, tensors by value, not through torch's shared-memory
+reductions (``Connection.send``'s pickler): those keep a file descriptor open for every tensor
+sent while it lives, on both ends, and a run whose clients keep their optimizer state
+(``optimizer.keep_state``: a few hundred tensors a client for MobileNet) ran out of them
+(errno 24, too many open files) in its first round.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -25,12 +32,20 @@ from fl_lightning.interrupts import ignore_in_worker
 _channel: Optional[Connection] = None  # in a worker process: its pipe to the parent
 
 
+def _send(channel: Connection, message: Any) -> None:
+    channel.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _receive(channel: Connection) -> Any:
+    return pickle.loads(channel.recv_bytes())
+
+
 def notify(note: Any) -> bool:
     """From a job running in a worker: send ``note`` to the parent (``on_note``). False when
     not in a worker process."""
     if _channel is None:
         return False
-    _channel.send(("note", note))
+    _send(_channel, ("note", note))
     return True
 
 
@@ -42,7 +57,7 @@ def _serve(channel: Connection, function: Callable, initializer: Optional[Callab
         initializer(*initargs)
     while True:
         try:
-            job = channel.recv()
+            job = _receive(channel)
         except (EOFError, OSError):  # the parent is gone
             return
         if job is None:
@@ -51,7 +66,7 @@ def _serve(channel: Connection, function: Callable, initializer: Optional[Callab
             outcome = ("done", function(job), None)
         except Exception as error:  # noqa: BLE001 - the parent decides what a failed job means
             outcome = ("done", None, f"{type(error).__name__}: {error}")
-        channel.send(outcome)
+        _send(channel, outcome)
 
 
 @dataclass(eq=False)
@@ -95,15 +110,15 @@ class WorkerPool:
             while pending and idle:
                 worker, job = idle.pop(), pending.popleft()
                 try:
-                    worker.channel.send(job)
+                    _send(worker.channel, job)
                 except OSError:  # it died between two jobs
                     worker = self._replace(worker)
-                    worker.channel.send(job)
+                    _send(worker.channel, job)
                 running[worker] = job
             ready = set(wait([w.channel for w in running] + [w.process.sentinel for w in running]))
             for worker in [w for w in running if w.channel in ready or w.process.sentinel in ready]:
                 try:
-                    message = worker.channel.recv() if worker.channel in ready else None
+                    message = _receive(worker.channel) if worker.channel in ready else None
                 except (EOFError, OSError):
                     message = None
                 if message is not None and message[0] == "note":
@@ -123,7 +138,7 @@ class WorkerPool:
         """Let the workers finish and exit (killed if they do not within 10 s)."""
         for worker in self._workers:
             try:
-                worker.channel.send(None)
+                _send(worker.channel, None)
             except OSError:
                 pass
         for worker in self._workers:

@@ -139,7 +139,8 @@ def test_run_settings_fall_back_to_the_environment_for_the_simulation_engine(mon
 
 
 # Every algorithm's tasks travel as tensors + JSON: FedOV's open-set clients, FedKT's parties
-# and ATHENA-FL's probe and detectors run on SuperNodes; SCAFFOLD's c_i stays on its node.
+# and ATHENA-FL's probe and detectors run on SuperNodes; SCAFFOLD's c_i and ATHENA-FL's kept Adam
+# state stay on their nodes.
 ALGORITHMS = {
     "fedov": "algorithm: FedOV\nmodel: {architecture: simple_cnn}\noptimizer: {name: adam, lr: 0.001}\n"
              "federation: {rounds: 1, client_fraction: 1.0, local_epochs: 1, batch_size: 20, final_window: 1}\n",
@@ -148,11 +149,13 @@ ALGORITHMS = {
              "federation: {rounds: 1, client_fraction: 1.0, local_epochs: 1, batch_size: 20, final_window: 1}\n",
     "scaffold": "algorithm: SCAFFOLD\noptimizer: {lr: 0.01}\n"
                 "federation: {rounds: 2, client_fraction: 0.67, local_epochs: 1, batch_size: 20, final_window: 1}\n",
+    # with its code reading's kept Adam state: a detector's second round restores what its
+    # SuperNode kept from the first
     "athena": "algorithm: {class_path: AthenaFL, init_args: {probe_architecture: simple_cnn}}\n"
-              "model: {architecture: athena_cnn}\noptimizer: {name: adam, lr: 0.001}\n"
+              "model: {architecture: athena_cnn}\noptimizer: {name: adam, lr: 0.001, keep_state: true}\n"
               "data: {name: synthetic, synthetic_size: 600, image_size: 32}\n"
               "partition: {scheme: label_groups, num_clients: 3, labels_per_client: 5, validation_fraction: 0.1}\n"
-              "federation: {rounds: 2, client_fraction: 1.0, local_epochs: 1, batch_size: 20, final_window: 1}\n",
+              "federation: {rounds: 3, client_fraction: 1.0, local_epochs: 1, batch_size: 20, final_window: 1}\n",
 }
 BASE = ("data: {name: synthetic, synthetic_size: 600}\n"
         "partition: {scheme: num_labels, num_clients: 3, labels_per_client: 2}\n"

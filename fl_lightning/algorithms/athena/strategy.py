@@ -27,6 +27,7 @@ and convergence round.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Literal, Optional
@@ -161,7 +162,9 @@ class AthenaFL(Strategy):
         self._label_sets[client_id] = classes  # what the client reports; the ground truth of the ARI
         if not self.clustered(state):
             params = {k: v.clone() for k, v in prefixed(state, PROBE).items()}
-            return classifier_task(client_id, params, self.optimizer, architecture=self.probe_architecture,
+            # the probe trains once: no later round reads what optimizer.keep_state would keep
+            once = replace(self.optimizer, keep_state=False)
+            return classifier_task(client_id, params, once, architecture=self.probe_architecture,
                                    num_outputs=self.num_classes, classes=classes, epochs=self.probe_epochs,
                                    upload=self.upload_names)
         rows = self._rows(state, client_id, classes)
