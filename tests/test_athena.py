@@ -366,6 +366,18 @@ def test_detectors_are_averaged_within_their_cluster_weighted_by_samples(tmp_pat
     assert facts["detectors/trained"] == 2
 
 
+def test_kept_optimizer_state_is_asked_of_the_detectors_and_not_of_the_one_off_probe(tmp_path):
+    from fl_lightning.models import build_architecture
+
+    strategy, clustered = _strategy_with_two_clusters(tmp_path)
+    strategy.setup(build_architecture("logistic", 1, 4, 1), 4, OptimizerConfig("adam", keep_state=True), "loop",
+                   strategy.context)
+    probe = strategy.configure_client(strategy.initial_state(torch.Generator().manual_seed(0)), 1, np.array([0, 1]))
+    detectors = strategy.configure_client(clustered, 1, np.array([0, 1]))
+    assert probe.kind == "classifier" and not probe.optimizer.keep_state
+    assert detectors.kind == "detectors" and detectors.optimizer.keep_state
+
+
 def test_sampling_takes_a_fraction_of_every_active_cluster(tmp_path):
     strategy, state = _strategy_with_two_clusters(tmp_path, stop_converged=True)  # freezing (not the default)
     chosen = strategy.select_clients(state, torch.Generator().manual_seed(0), 4, 0.2)
