@@ -348,7 +348,8 @@ def train_in_cohorts(jobs: Sequence[CohortJob], trainer_for: Callable[[ClientCon
         return found[0], (id(trainer), found[1], shape)
 
     cohorts, alone = cohort_groups([(job.task, job.indices) for job in jobs], find, cohort_size)
-    outcomes = trained_as_groups(jobs, alone, trainer_for, cohort_size)
+    groupable = [p for p in alone if not jobs[p].task.optimizer.keep_state]
+    outcomes = trained_as_groups(jobs, groupable, trainer_for, cohort_size)
     for position in alone:
         if position not in outcomes:
             job = jobs[position]
@@ -376,7 +377,7 @@ def trained_as_groups(jobs: Sequence[CohortJob], positions: Sequence[int],
     groups: dict[tuple, list[int]] = {}
     for position in positions:
         job = jobs[position]
-        if len(job.indices) and not job.task.optimizer.keep_state:
+        if len(job.indices):
             groups.setdefault((job.task.kind, id(trainer_for(job.ctx))), []).append(position)
     outcomes: dict[int, object] = {}
     for (kind, _), members in groups.items():
