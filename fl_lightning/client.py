@@ -334,14 +334,13 @@ def train_in_cohorts(jobs: Sequence[CohortJob], trainer_for: Callable[[ClientCon
     masked epoch: the arithmetic of the runs alone), or, ``padded``, together (narrower batches
     padded, shorter trainings masked: fewer steps, each wider); jobs of a plug-in that trains a
     group of its tasks itself go to it (``trained_as_groups``); the rest, and the tasks whose
-    optimizer keeps its state across rounds (``optimizer.keep_state``), train per client."""
+    optimizer keeps its state across rounds (``optimizer.keep_state``) of a plug-in that does
+    not say where its members sit in that state (``CohortPlugin.member_slices``), train per client."""
     def find(position: int):
         job = jobs[position]
-        if job.task.optimizer.keep_state:
-            return None  # a cohort's optimizers start afresh in every fit: trained per client
         trainer = trainer_for(job.ctx)
         found = trainer.plugin_for(job.task)
-        if found is None:
+        if found is None or (job.task.optimizer.keep_state and found[0].member_slices(job.task) is None):
             return None
         shape = None if padded else (job.ctx.federation.batch_size,
                                      client_plugin(job.task.kind).local_epochs(job.task, job.ctx.federation))

@@ -151,8 +151,9 @@ class OptimizerConfig:
         keep_state: sgd, adam: each client keeps its optimizer's state (Adam's moments and
             step count, SGD's momentum) from one of its rounds to its next, as a client that
             compiles its model once and fits it every round (ATHENA-FL's Keras code); the
-            state stays on the client (never sent) and is saved with the run's checkpoints.
-            Such tasks train per client under the cohort engine.
+            state stays on the client (never sent) and is saved with the run's checkpoints,
+            laid out as the exchanged parameters whichever engine trains the client (the
+            cohort engine starts each member from it; callbacks/optimizer_state.py).
     """
 
     name: Literal["sgd", "adam", "fim_lbfgs"] = "sgd"

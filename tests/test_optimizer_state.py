@@ -67,9 +67,9 @@ def test_kept_state_makes_two_rounds_one_continued_adam_run():
     for k in continued:
         torch.testing.assert_close(kept_params[k], continued[k], rtol=0, atol=1e-6)
     # what the client keeps: Adam's step count and both moments of each parameter, on the CPU
-    assert kept[PREFIX + "classifier/network.1.weight/step"].item() == 2
-    assert kept[PREFIX + "classifier/network.1.weight/exp_avg"].shape == (3, 4)
-    assert kept[PREFIX + "classifier/network.1.bias/exp_avg_sq"].shape == (3,)
+    assert kept[PREFIX + "classifier/1.weight/step"].item() == 2
+    assert kept[PREFIX + "classifier/1.weight/exp_avg"].shape == (3, 4)
+    assert kept[PREFIX + "classifier/1.bias/exp_avg_sq"].shape == (3,)
 
 
 def test_without_kept_state_each_round_starts_a_fresh_adam():
@@ -96,8 +96,8 @@ def test_kept_state_of_another_shape_is_refused():
     task = classifier_task(0, {k: v.clone() for k, v in template.state_dict().items()},
                            OptimizerConfig("adam", lr=0.05, keep_state=True))
     wrong = {PREFIX + "classifier/classes": torch.zeros(0, dtype=torch.long),
-             PREFIX + "classifier/network.1.weight/exp_avg": torch.zeros(4, 3)}
-    with pytest.raises(ValueError, match=r"network\.1\.weight.*\(4, 3\).*\(3, 4\)"):
+             PREFIX + "classifier/1.weight/exp_avg": torch.zeros(4, 3)}
+    with pytest.raises(ValueError, match=r"'1\.weight'.*\(4, 3\).*\(3, 4\)"):
         train_client(ctx, task, np.arange(len(y)), 1, wrong)
 
 
@@ -106,21 +106,79 @@ def test_fim_lbfgs_cannot_keep_its_state():
         check_optimizer(OptimizerConfig("fim_lbfgs", lr=1.0, keep_state=True))
 
 
-def test_cohort_engine_trains_a_keeping_task_per_client():
-    """The cohort's optimizers start afresh in every fit, so a task that keeps its state is
-    trained per client there, with the state it kept: the same parameters as ``train_client``."""
-    template, x, y, ctx = _client()
-    optimizer = OptimizerConfig("adam", lr=0.05, keep_state=True)
-    params = {k: v.detach().clone() for k, v in template.state_dict().items()}
-    first = train_client(ctx, classifier_task(0, params, optimizer), np.arange(len(y)), 1)
-    task = classifier_task(0, first.params, optimizer)
-    alone = train_client(ctx, task, np.arange(len(y)), 2, first.client_state)
+def _cohort(ctx, tasks, round_index, states):
+    """``tasks`` trained together by the cohort engine (one job a client), their outcomes."""
     trainer = CohortTrainer(ctx, make_trainer)
-    (in_engine,) = train_in_cohorts([CohortJob(ctx, task, np.arange(len(y)), 2, first.client_state)],
-                                    lambda _: trainer, 0)
-    for k in alone.params:
-        torch.testing.assert_close(in_engine.params[k], alone.params[k], rtol=0, atol=0)
-    assert in_engine.client_state[PREFIX + "classifier/network.1.weight/step"].item() == 2
+    cohorts = []
+    train = trainer.train
+    trainer.train = lambda plugin, entries, *args, **kwargs: cohorts.append(len(entries)) or train(plugin, entries, *args,
+                                                                                                   **kwargs)
+    jobs = [CohortJob(ctx, task, np.arange(len(ctx.y)), round_index, state) for task, state in zip(tasks, states)]
+    outcomes = train_in_cohorts(jobs, lambda _: trainer, 0)
+    assert cohorts == [len(tasks)]  # one cohort of every task: none trained per client
+    return outcomes
+
+
+def _assert_same(a, b, atol=1e-6):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("name", ["adam", "sgd"])
+def test_cohort_engine_keeps_the_state_a_per_client_fit_keeps(name):
+    """Two rounds of two clients, the first per client and the second in one cohort, equal two
+    rounds per client: the cohort starts each member from its client's kept state and keeps the
+    same state back (Adam's moments and step count, SGD's momentum), so a run may change engine."""
+    template, x, y, ctx = _client()
+    optimizer = OptimizerConfig(name, lr=0.05, momentum=0.9 if name == "sgd" else 0.0, keep_state=True)
+    params = {k: v.detach().clone() for k, v in template.state_dict().items()}
+    firsts = [train_client(ctx, classifier_task(c, params, optimizer), np.arange(len(y)), 1) for c in (0, 1)]
+    tasks = [classifier_task(c, first.params, optimizer) for c, first in enumerate(firsts)]
+    alone = [train_client(ctx, task, np.arange(len(y)), 2, first.client_state) for task, first in zip(tasks, firsts)]
+    in_engine = _cohort(ctx, tasks, 2, [first.client_state for first in firsts])
+    for ours, theirs in zip(in_engine, alone):
+        _assert_same(ours.params, theirs.params)
+        _assert_same(ours.client_state, theirs.client_state)
+    if name == "adam":
+        assert in_engine[0].client_state[PREFIX + "classifier/1.weight/step"].item() == 2
+    # and the other way round: a state the cohort kept continues per client
+    third = [train_client(ctx, classifier_task(r.client_id, r.params, optimizer), np.arange(len(y)), 3, r.client_state)
+             for r in in_engine]
+    fresh = _adam_steps(template, x, y, steps=3, fresh_every=3) if name == "adam" else None
+    if fresh is not None:  # every client trains on the same data: three steps of one continued Adam
+        _assert_same(third[0].params, fresh)
+
+
+def test_a_kept_state_of_another_shape_is_refused_in_a_cohort():
+    template, x, y, ctx = _client()
+    task = classifier_task(0, {k: v.clone() for k, v in template.state_dict().items()},
+                           OptimizerConfig("adam", lr=0.05, keep_state=True))
+    wrong = {PREFIX + "classifier/classes": torch.zeros(0, dtype=torch.long),
+             PREFIX + "classifier/1.weight/exp_avg": torch.zeros(4, 3),
+             PREFIX + "classifier/1.weight/step": torch.tensor(1.0)}
+    (outcome,) = _cohort(ctx, [task], 1, [wrong])
+    assert "'1.weight'" in outcome.reason and "(4, 3)" in outcome.reason  # the client is dropped, the reason named
+
+
+@pytest.mark.parametrize("second", ["cohort", "vmap"])
+def test_detectors_kept_state_is_one_layout_for_every_engine_and_stacking(second):
+    """Detectors kept per copy by the loop stacking continue in the cohort engine (one member a
+    detector) or vmap's stacked tensors exactly as in the loop."""
+    template, x, y, ctx = _client(outputs=1)
+    stacked = {k: torch.stack([v.detach().clone()] * 2) for k, v in template.state_dict().items()}
+    optimizer = OptimizerConfig("adam", lr=0.05, keep_state=True)
+    first = train_client(ctx, detector_task(0, stacked, (0, 2), optimizer), np.arange(12), 1)
+    assert first.client_state[PREFIX + "detectors/1.weight/exp_avg"].shape == (2, 1, 4)
+    loop = train_client(ctx, detector_task(0, first.params, (0, 2), optimizer), np.arange(12), 2, first.client_state)
+    if second == "cohort":
+        (other,) = _cohort(ctx, [detector_task(0, first.params, (0, 2), optimizer)], 2, [first.client_state])
+    else:
+        other = train_client(ctx, detector_task(0, first.params, (0, 2), optimizer, stacking="vmap"), np.arange(12), 2,
+                             first.client_state)
+    _assert_same(other.params, loop.params)
+    for k, v in loop.client_state.items():  # vmap keeps one step count for both copies
+        torch.testing.assert_close(other.client_state[k].expand_as(v), v, rtol=0, atol=1e-6)
 
 
 def test_detectors_keep_their_state_per_class_set():
@@ -133,20 +191,22 @@ def test_detectors_keep_their_state_per_class_set():
     assert torch.equal(kept[PREFIX + "detectors/classes"], torch.tensor([0, 2]))
     assert any(k.endswith("/exp_avg_sq") for k in kept)
     second = train_client(ctx, detector_task(0, first.params, (0, 2), optimizer), np.arange(12), 2, kept)
-    assert all(v.item() == 2 for k, v in second.client_state.items() if k.endswith("/step"))
+    steps = [v for k, v in second.client_state.items() if k.endswith("/step")]
+    assert steps and all(v.tolist() == [2, 2] for v in steps)  # one count per detector
 
 
 def _kept_steps(client_states) -> dict:
     """(client, kept step count's key) -> the optimizer steps the client has taken."""
-    return {(client, k): v.item() for client, state in client_states.items() for k, v in state.items()
+    return {(client, k): v.tolist() for client, state in client_states.items() for k, v in state.items()
             if k.endswith("/step")}
 
 
-def test_resumed_run_with_kept_states_equals_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("engine", ["per_client", "cohort"])
+def test_resumed_run_with_kept_states_equals_uninterrupted_run(tmp_path, engine):
     """The kept states travel in the federation's checkpoint: a run resumed after round 1 trains
     round 2 as the uninterrupted run does, and every client holds Adam's state of its fits."""
     keep = ("--federation.client_fraction", "1.0", "--optimizer.name", "adam", "--optimizer.lr", "0.001",
-            "--optimizer.keep_state", "true")
+            "--optimizer.keep_state", "true", "--trainer.engine", engine)
     straight = main(["fit", *tiny_args(tmp_path / "a", "--federation.rounds", "2", *keep)])
     round_one = tmp_path / "b" / "checkpoints" / "last.ckpt"
     main(["fit", *tiny_args(tmp_path / "b", "--federation.rounds", "1", *keep)])
@@ -159,4 +219,25 @@ def test_resumed_run_with_kept_states_equals_uninterrupted_run(tmp_path):
     assert len(kept_after_one) == 10
     after_one, after_two = _kept_steps(kept_after_one), _kept_steps(c["client_states"])
     assert after_one and after_two.keys() == after_one.keys()
-    assert all(after_two[k] == 2 * after_one[k] for k in after_one)  # round 1's E epochs of steps, continued
+    assert all(torch.equal(torch.tensor(after_two[k]), 2 * torch.tensor(after_one[k])) for k in after_one)  # round 1's E epochs of steps, continued
+
+
+def test_stacked_optimizer_starts_each_member_from_its_own_state_and_a_reused_one_afresh():
+    """A reused cohort runner (a captured graph's, ``CohortRunner.load``) takes the new members'
+    states: one member from its kept state, the other afresh, and then none kept at all."""
+    from fl_lightning.cohort.optim import StackedOptimizer
+
+    params = [torch.zeros(2, 3), torch.zeros(2)]
+    optimizer = StackedOptimizer(OptimizerConfig("adam", lr=0.1, keep_state=True), params)
+    kept = {"w/exp_avg": torch.full((3,), 0.5), "w/exp_avg_sq": torch.full((3,), 0.25), "w/step": torch.tensor(4.0),
+            "b/exp_avg": torch.tensor(1.0), "b/exp_avg_sq": torch.tensor(2.0), "b/step": torch.tensor(4.0)}
+    optimizer.start_from([None, kept], ["w", "b"])
+    optimizer.reset()
+    first, second = optimizer.member_states(["w", "b"])
+    assert all(torch.count_nonzero(v) == 0 for v in first.values())
+    _assert_same(second, kept, atol=0)
+    optimizer.start_from([None, None], ["w", "b"])
+    optimizer.reset()
+    assert all(torch.count_nonzero(t) == 0 for t in optimizer.tensors())
+    with pytest.raises(ValueError, match="step counts"):
+        optimizer.start_from([{**kept, "b/step": torch.tensor(3.0)}, None], ["w", "b"])

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import grad_and_value, vmap
 
+from fl_lightning.callbacks.optimizer_state import kept_for, kept_state, merged, slot_state
 from fl_lightning.cohort.batch_norm import (STATISTICS, has_batch_norm, normalisable, padded_batch_norm,
                                             statistics_names)
 from fl_lightning.cohort.dropout import DropoutMasks, drawn_dropout, dropout_layers, has_other_dropout
@@ -130,6 +131,7 @@ class CohortRunner:
         self.num_steps = plan.num_steps
         kind, settings = _choice(optimizer)
         self.optimizer = kind(settings, self.params, lr)  # lr: each member's (default: the settings' lr)
+        self.optimizer.start_from([m.optimizer_state for m in members], self.names)
         self.counter = torch.zeros(1, dtype=torch.long, device=device)
         self.loss_sum = torch.zeros(len(members), device=device)
         self.use_graph = use_graph and device.type == "cuda"
@@ -197,6 +199,7 @@ class CohortRunner:
         self.draws, self.host_plan = draws, plan
         if lr is not None:
             self.optimizer.lr.copy_(torch.tensor(lr, dtype=torch.float32))
+        self.optimizer.start_from([m.optimizer_state for m in members], self.names)
         for static, new in zip(self.params, _stack([{n: m.params[n] for n in self.names} for m in members], device)):
             static.copy_(new)
         for static, new in zip(self.statistics, _stack([{n: m.params[n] for n in self.statistics_names}
@@ -216,8 +219,7 @@ class CohortRunner:
         self.plan.steps, self.plan.last_epoch_batches = plan.steps, plan.last_epoch_batches
 
     def reset(self) -> None:
-        for t in self.optimizer.tensors():
-            t.zero_()
+        self.optimizer.reset()  # afresh, or where each member's client kept it
         self.counter.zero_()
         self.loss_sum.zero_()
 
@@ -336,6 +338,10 @@ class CohortRunner:
         outputs = {n: t.detach().cpu() for n, t in self.optimizer.outputs(self.names).items()}
         return [{**{n: cpu[n][m].clone() for n in self.state_names}, **{n: t[m].clone() for n, t in outputs.items()}}
                 for m in range(self.params[0].shape[0])]
+
+    def member_optimizer_states(self) -> list[dict[str, Tensor]]:
+        """Each member's optimizer state, ``<parameter name>/<key>`` -> tensor on the CPU."""
+        return self.optimizer.member_states(self.names)
 
     def member_losses(self, streams: list[int]) -> list[float]:
         """Each member's mean loss over its last epoch's batches (NaN without any: a per-client fit
@@ -472,8 +478,12 @@ class CohortTrainer:
         ``on_epoch(client id, epochs done, epochs)`` (default: the run's ``ctx.on_epoch``); the
         results in the same order."""
         members, member_entry = [], []  # member_entry[m]: the entry whose client member m trains on
+        keeping = any(task.optimizer.keep_state for task, _ in entries)
         for k, (task, _) in enumerate(entries):
             own = plugin.members(task, client_states[k])
+            if task.optimizer.keep_state:
+                for member, state in zip(own, kept_member_states(plugin, task, own, client_states[k])):
+                    member.optimizer_state = state
             members += own
             member_entry += [k] * len(own)
         plan = build_plan([torch.from_numpy(np.asarray(idx)) for _, idx in entries], seeds,
@@ -505,7 +515,7 @@ class CohortTrainer:
         reporters = [self.ctx.on_epoch] * len(entries) if reporters is None else reporters
         progress = epoch_progress([task.client_id for task, _ in entries], plan, epochs, reporters)
         callbacks = [*self.fit_callbacks(), *progress]  # one set for every runner: one time budget
-        params, losses = [None] * len(members), [None] * len(members)
+        params, losses, states = [None] * len(members), [None] * len(members), [None] * len(members)
         in_runner, at = list(range(len(members))), 0  # the members the runner trains, from step ``at`` of the plan
         runner_members = list(members)
         for end, still in [*compaction_points(member_plan.active), (member_plan.num_steps, [])]:
@@ -516,8 +526,9 @@ class CohortTrainer:
             keep = [in_runner.index(m) for m in still]
             done = [k for k in range(len(in_runner)) if k not in keep]
             now, now_losses = runner.member_params(), runner.member_losses(list(range(len(in_runner))))
+            now_states = runner.member_optimizer_states() if keeping else [None] * len(in_runner)
             for k in done:  # trained to their end: their results are final
-                params[in_runner[k]], losses[in_runner[k]] = now[k], now_losses[k]
+                params[in_runner[k]], losses[in_runner[k]], states[in_runner[k]] = now[k], now_losses[k], now_states[k]
             if keep:
                 runner = runner.without_finished(keep, end - at, network, runner_members, now, self.ctx.trainer.cuda_graph)
                 runner_members = [runner_members[k] for k in keep]
@@ -525,7 +536,34 @@ class CohortTrainer:
         results, start = [], 0
         for k, (task, idx) in enumerate(entries):
             count = member_entry.count(k)
-            results.append(plugin.result(task, params[start:start + count], losses[start:start + count],
-                                         plan.steps[k], len(idx), client_states[k]))
+            result = plugin.result(task, params[start:start + count], losses[start:start + count],
+                                   plan.steps[k], len(idx), client_states[k])
+            if task.optimizer.keep_state:
+                kept = kept_state(task.kind, task.classes,
+                                  member_slots(plugin.member_slices(task), states[start:start + count]))
+                result.client_state = merged(task.kind, result.client_state, kept)
+            results.append(result)
             start += count
         return results
+
+
+def kept_member_states(plugin: CohortPlugin, task, members: Sequence[Member], client_state: dict) -> list[dict]:
+    """Each member's share of the optimizer state its client kept for ``task``
+    (callbacks/optimizer_state.py's layout, split as ``plugin.member_slices`` says), checked
+    against the member's parameters; empty where the client kept none."""
+    kept = kept_for(task.kind, task.classes, client_state)
+    return [{f"{name}/{key}": value for name, tensor in member.params.items()
+             for key, value in slot_state(kept, name, index, tensor.shape).items()}
+            for member, index in zip(members, plugin.member_slices(task))]
+
+
+def member_slots(slices: Sequence[Optional[int]], states: Sequence[dict[str, Tensor]]) -> list:
+    """The members' optimizer states (``<parameter name>/<key>``) as the kept layout's slots."""
+    slots = []
+    for index, state in zip(slices, states):
+        by_name: dict[str, dict[str, Tensor]] = {}
+        for full, value in state.items():
+            name, key = full.rsplit("/", 1)
+            by_name.setdefault(name, {})[key] = value
+        slots += [(name, index, own) for name, own in by_name.items()]
+    return slots

@@ -43,6 +43,9 @@ class Member:
     consts: dict[str, Tensor] = field(default_factory=dict)
     #: added to the gradient before every optimizer step (SCAFFOLD's c - c_i)
     grad_offset: Optional[dict[str, Tensor]] = None
+    #: the optimizer state its fit starts from (``optimizer.keep_state``): ``<parameter name>/<key>``
+    #: -> tensor, as ``MemberOptimizer.member_states`` hands it back; None: afresh
+    optimizer_state: Optional[dict[str, Tensor]] = None
 
 
 class CohortPlugin(ABC):
@@ -66,6 +69,14 @@ class CohortPlugin(ABC):
     def members(self, task: ClientTask, client_state: dict[str, Tensor]) -> list[Member]:
         """The task's members, in the order ``result`` receives them back (``client_state``:
         what the client kept from its earlier rounds)."""
+
+    def member_slices(self, task: ClientTask) -> Optional[list[Optional[int]]]:
+        """Where each member's parameters sit in the task's exchanged state (``task.params``), in
+        ``members``' order: g, the g-th copy along a stacked leading dimension, or None, the
+        whole state. A client keeps its optimizer state in that layout (``optimizer.keep_state``,
+        callbacks/optimizer_state.py). None (the default): not given, and tasks whose optimizer
+        keeps its state train per client."""
+        return None
 
     def member_count(self, task: ClientTask) -> int:
         """How many members ``task`` brings (to chunk cohorts before building them)."""

@@ -30,6 +30,7 @@ from fl_lightning.config import OptimizerConfig
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as the per-client engine uses them
 ADAM_EPS = 1e-8
+STEP = "step"  # Adam's step count, as torch.optim.Adam names it
 
 
 def per_member(mask: Tensor, like: Tensor) -> Tensor:
@@ -64,8 +65,25 @@ class MemberOptimizer:
         return tuple((k, v) for k, v in asdict(settings).items() if k != "lr")
 
     def tensors(self) -> list[Tensor]:
-        """All state tensors (zeroed for a new round; snapshot and restored around a CUDA graph's warm-up)."""
+        """All state tensors (reset for a new round; snapshot and restored around a CUDA graph's warm-up)."""
         return []
+
+    def start_from(self, states: Sequence[Optional[dict[str, Tensor]]], names: Sequence[str]) -> None:
+        """Each member's state to start its fits from (``states[m]``: ``<parameter name>/<key>``
+        -> tensor, as ``member_states`` hands it back; None: afresh). ``names``: the stacked
+        parameters' names, in ``params`` order. Only an optimizer that keeps a state takes one."""
+        if any(states):
+            raise ValueError(f"optimizer.keep_state: {type(self).__name__} keeps no state between fits")
+
+    def reset(self) -> None:
+        """The state a fit starts from: zero (afresh), or each member's from ``start_from``."""
+        for t in self.tensors():
+            t.zero_()
+
+    def member_states(self, names: Sequence[str]) -> list[dict[str, Tensor]]:
+        """Each member's state on the CPU, ``<parameter name>/<key>`` -> tensor, as its client's
+        per-client optimizer keeps it (``optimizer.keep_state``); none by default."""
+        return [{} for _ in range(len(self.lr))]
 
     def batch_statistic(self, sample_losses: Callable[[dict[str, Tensor], Tensor, Tensor], Tensor],
                         params: dict[str, Tensor], x: Tensor, y: Tensor, weight: Tensor) -> list[Tensor]:
@@ -93,16 +111,54 @@ class StackedOptimizer(MemberOptimizer):
             raise ValueError(f"optimizer.name={cfg.name!r} is unknown; choose sgd or adam")
         self.cfg = cfg
         members = params[0].shape[0]
+        # keyed as torch.optim.SGD's and Adam's per-parameter state, so a kept state moves
+        # between this and the per-client optimizer (``step``: one count per member)
         self.state: dict[str, list[Tensor]] = {}
         if cfg.name == "sgd" and cfg.momentum:
-            self.state["momentum"] = [torch.zeros_like(p) for p in params]
+            self.state["momentum_buffer"] = [torch.zeros_like(p) for p in params]
         if cfg.name == "adam":
             self.state["exp_avg"] = [torch.zeros_like(p) for p in params]
             self.state["exp_avg_sq"] = [torch.zeros_like(p) for p in params]
-            self.state["step"] = [torch.zeros(members, device=params[0].device)]
+            self.state[STEP] = [torch.zeros(members, device=params[0].device)]
+        self.start: Optional[list[Tensor]] = None  # each member's kept state, in tensors() order
 
     def tensors(self) -> list[Tensor]:
         return [t for group in self.state.values() for t in group]
+
+    def start_from(self, states: Sequence[Optional[dict[str, Tensor]]], names: Sequence[str]) -> None:
+        if not any(states):
+            self.start = None
+            return
+        start = [torch.zeros_like(t) for t in self.tensors()]
+        slots = [(key, None if key == STEP else name) for key, group in self.state.items()
+                 for name in ([None] if key == STEP else names)]
+        for m, state in enumerate(states):
+            if not state:
+                continue
+            for (key, name), tensor in zip(slots, start):
+                if key == STEP:  # one count per member; torch keeps one per parameter, all equal
+                    counts = {float(v) for k, v in state.items() if k.endswith("/" + STEP)}
+                    if len(counts) != 1:
+                        raise ValueError(f"optimizer.keep_state: member {m}'s kept state holds step counts "
+                                         f"{sorted(counts)}; Adam's state needs one")
+                    tensor[m] = counts.pop()
+                elif f"{name}/{key}" in state:
+                    tensor[m] = state[f"{name}/{key}"]
+        self.start = start
+
+    def reset(self) -> None:
+        if self.start is None:
+            super().reset()
+            return
+        for t, s in zip(self.tensors(), self.start):
+            t.copy_(s)
+
+    def member_states(self, names: Sequence[str]) -> list[dict[str, Tensor]]:
+        cpu = {key: [t.detach().cpu() for t in group] for key, group in self.state.items()}
+        steps = cpu.pop(STEP, None)
+        return [{**{f"{name}/{key}": group[i][m].clone() for key, group in cpu.items() for i, name in enumerate(names)},
+                 **({f"{name}/{STEP}": steps[0][m].clone() for name in names} if steps is not None else {})}
+                for m in range(len(self.lr))]
 
     @torch.no_grad()
     def step(self, params: Sequence[Tensor], grads: Sequence[Tensor], mask: Tensor,
@@ -112,15 +168,15 @@ class StackedOptimizer(MemberOptimizer):
             grads = [g + cfg.weight_decay * p for g, p in zip(grads, params)]
         if cfg.name == "sgd":
             if cfg.momentum:
-                for buf, g in zip(self.state["momentum"], grads):
+                for buf, g in zip(self.state["momentum_buffer"], grads):
                     # a zero buffer times momentum plus g is g: torch's first-step clone
                     buf.copy_(torch.where(per_member(mask, buf) > 0, buf * cfg.momentum + g, buf))
-                grads = self.state["momentum"]
+                grads = self.state["momentum_buffer"]
             for p, g in zip(params, grads):
                 p.sub_(per_member(self.lr * mask, p) * g)
             return
         beta1, beta2 = ADAM_BETAS
-        step = self.state["step"][0]
+        step = self.state[STEP][0]
         step.add_(mask)
         # members that never stepped have step 0; clamp so that their (unused) corrections stay finite
         t = step.clamp(min=1)

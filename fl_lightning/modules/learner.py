@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from lightning.pytorch import LightningModule
+from torch import nn
 
 from fl_lightning.config import OptimizerConfig, check_optimizer
 
@@ -22,7 +25,8 @@ def build_optimizer(params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
 
 class LocalLearner(LightningModule):
     """Base of the client-side modules. A fresh optimizer per local fit, as in FedAvg's
-    ClientUpdate: optimizer state never crosses rounds or clients."""
+    ClientUpdate, unless the client keeps its state (``optimizer.keep_state``,
+    callbacks/optimizer_state.py, which reads ``exchanged_parameters``); never across clients."""
 
     def __init__(self, optimizer: OptimizerConfig) -> None:
         super().__init__()
@@ -38,3 +42,9 @@ class LocalLearner(LightningModule):
 
     def configure_optimizers(self):
         return build_optimizer(self.parameters(), self.optimizer_cfg)
+
+    def exchanged_parameters(self) -> list[tuple[nn.Parameter, str, Optional[int]]]:
+        """Each trained parameter with its place in the exchanged state (the task's params): its
+        name there and the index of its copy along a stacked leading dimension (None: the whole
+        tensor). By default ``self.network``'s parameters, named as in its state dict."""
+        return [(param, name, None) for name, param in self.network.named_parameters()]

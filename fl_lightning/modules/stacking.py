@@ -16,6 +16,7 @@ updated in place, which vmap cannot do; the loop and the cohort engine train the
 from __future__ import annotations
 
 import copy
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -82,6 +83,14 @@ class StackedModel(nn.Module):
             return functional_call(template, dict(zip(names, tensors)), (inputs,))
 
         return vmap(one_model, in_dims=(0, None))((*self.weights, *self._stacked_buffers()), x)
+
+    def exchanged_parameters(self) -> list[tuple[nn.Parameter, str, Optional[int]]]:
+        """Each trained tensor with its place in ``stacked_state``: (tensor, name, copy index),
+        the index None for vmap's stacked tensors (every copy at once)."""
+        if self.mode == "vmap":
+            names = [n for n in self.names if n not in self.buffer_names]
+            return [(param, name, None) for name, param in zip(names, self.weights)]
+        return [(param, name, g) for g, model in enumerate(self.copies) for name, param in model.named_parameters()]
 
     def stacked_state(self) -> dict[str, Tensor]:
         """Every copy's state dict (parameters and running statistics), stacked, in state-dict order."""

@@ -286,6 +286,9 @@ class ClassifierCohort(CohortPlugin):
     def member_count(self, task):
         return 1
 
+    def member_slices(self, task):
+        return [None]
+
     def members(self, task, client_state):
         consts = classifier_consts(task.params, task.settings.get("prox_mu", 0.0), feddane_correction(task, client_state))
         return [Member(dict(task.params), consts, scaffold_correction(task, client_state))]

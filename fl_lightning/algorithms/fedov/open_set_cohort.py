@@ -27,6 +27,9 @@ class OpenSetCohort(CohortPlugin):
     def members(self, task, client_state):
         return [Member(dict(task.params))]
 
+    def member_slices(self, task):
+        return [None]
+
     def step_draws(self, ctx, tasks, seeds, member_tasks):
         loss = task_loss(tasks[0])  # one stack key: one loss for the cohort
         image_size = tuple(ctx.x.shape[-2:])

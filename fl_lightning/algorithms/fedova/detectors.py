@@ -141,6 +141,9 @@ class BinaryDetector(LocalLearner):
     def stacked_state(self) -> dict[str, Tensor]:
         return self.detectors.stacked_state()
 
+    def exchanged_parameters(self):
+        return self.detectors.exchanged_parameters()
+
 
 def detector_task(client_id: int, params: dict[str, Tensor], classes: Sequence[int], optimizer: OptimizerConfig,
                   stacking: str = "loop", epochs: Optional[int] = None) -> ClientTask:
@@ -180,6 +183,9 @@ class DetectorCohort(CohortPlugin):
 
     def member_count(self, task):
         return len(task.classes)
+
+    def member_slices(self, task):
+        return list(range(len(task.classes)))  # detector g: the g-th of the stacked tensors
 
     def members(self, task, client_state):
         return [Member({name: t[g] for name, t in task.params.items()}, {"target": torch.tensor(c)})
