@@ -43,6 +43,16 @@ def kept_for(kind: str, classes: Sequence[int], client_state: State) -> State:
     return own if _CLASSES in own and torch.equal(own[_CLASSES], wanted) else {}
 
 
+def check_kept_names(kept: State, names: Iterable[str]) -> None:
+    """Refuses a kept state with parameters the trained module does not have (a state kept by
+    another architecture, or in another layout), which would otherwise be dropped unnoticed."""
+    unknown = sorted({key.rsplit("/", 1)[0] for key in kept if key != _CLASSES} - set(names))
+    if unknown:
+        raise ValueError(f"optimizer.keep_state: the client kept optimizer state for parameters {unknown[:5]} that "
+                         f"the task's parameters do not have (the kept layout names each parameter as the task's "
+                         f"exchanged state does)")
+
+
 def slot_state(kept: State, name: str, index: Optional[int], shape: Sequence[int]) -> dict[str, Tensor]:
     """The kept state of parameter ``name``'s copy ``index`` (None: the whole tensor), checked
     against the trained tensor's ``shape``; empty if nothing is kept for it. A step count kept
@@ -105,6 +115,7 @@ class KeptOptimizerState(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         optimizers = _optimizers(trainer)
+        check_kept_names(self.restore, [name for _, name, _ in pl_module.exchanged_parameters()])
         for param, name, index in pl_module.exchanged_parameters():
             if id(param) not in optimizers:
                 continue

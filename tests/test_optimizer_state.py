@@ -101,6 +101,20 @@ def test_kept_state_of_another_shape_is_refused():
         train_client(ctx, task, np.arange(len(y)), 1, wrong)
 
 
+def test_a_kept_state_of_unknown_parameters_is_refused_by_both_engines():
+    """A state kept under names the task's parameters lack (an older layout's module names) is
+    an error, not a silent fresh start."""
+    template, x, y, ctx = _client()
+    task = classifier_task(0, {k: v.clone() for k, v in template.state_dict().items()},
+                           OptimizerConfig("adam", lr=0.05, keep_state=True))
+    old = {PREFIX + "classifier/classes": torch.zeros(0, dtype=torch.long),
+           PREFIX + "classifier/network.1.weight/exp_avg": torch.zeros(3, 4)}
+    with pytest.raises(ValueError, match=r"network\.1\.weight"):
+        train_client(ctx, task, np.arange(len(y)), 1, old)
+    (outcome,) = _cohort(ctx, [task], 1, [old])
+    assert "network.1.weight" in outcome.reason
+
+
 def test_fim_lbfgs_cannot_keep_its_state():
     with pytest.raises(ValueError, match="optimizer.keep_state"):
         check_optimizer(OptimizerConfig("fim_lbfgs", lr=1.0, keep_state=True))

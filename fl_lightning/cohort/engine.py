@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import grad_and_value, vmap
 
-from fl_lightning.callbacks.optimizer_state import kept_for, kept_state, merged, slot_state
+from fl_lightning.callbacks.optimizer_state import check_kept_names, kept_for, kept_state, merged, slot_state
 from fl_lightning.cohort.batch_norm import (STATISTICS, has_batch_norm, normalisable, padded_batch_norm,
                                             statistics_names)
 from fl_lightning.cohort.dropout import DropoutMasks, drawn_dropout, dropout_layers, has_other_dropout
@@ -552,6 +552,7 @@ def kept_member_states(plugin: CohortPlugin, task, members: Sequence[Member], cl
     (callbacks/optimizer_state.py's layout, split as ``plugin.member_slices`` says), checked
     against the member's parameters; empty where the client kept none."""
     kept = kept_for(task.kind, task.classes, client_state)
+    check_kept_names(kept, [name for member in members for name in member.params])
     return [{f"{name}/{key}": value for name, tensor in member.params.items()
              for key, value in slot_state(kept, name, index, tensor.shape).items()}
             for member, index in zip(members, plugin.member_slices(task))]
