@@ -23,7 +23,8 @@
 #                ATHENA_ROUNDS (default 200, the paper's) rounds, over SEEDS
 #                (two cores: ~1 min a round, the code reading ~9x that; no GPU time measured yet,
 #                and a run the deadline stops is lost: lower ATHENA_ROUNDS if one call cannot
-#                hold it);
+#                hold it; the code reading's clients keep their Adam state, optimizer.keep_state,
+#                which the cohort engine carries from round to round as per-client fits do);
 #   cifar        CIFAR-10: FedOVA Table I (FedAvg, then FedOVA, VGG-11, non-IID-2, CIFAR_ROUNDS
 #                rounds, default 100), FedOV Table 1's #C=2 cell at FEDOV_E, then ATHENA-FL's cell
 #                (ATHENA_ROUNDS), over SEEDS, images from the data.image_pack file CIFAR_PACK
