@@ -111,10 +111,15 @@ class KeptOptimizerState(Callback):
     def __init__(self, kind: str, classes: Sequence[int], kept: State) -> None:
         self.kind, self.classes = kind, [int(c) for c in classes]
         self.restore: State = kept_for(kind, classes, kept)
-        self.kept: State = {}
+        self.kept: Optional[State] = None  # None: the fit stepped no optimizer, the client's state stays
 
     def on_train_start(self, trainer, pl_module) -> None:
         optimizers = _optimizers(trainer)
+        if not optimizers:
+            return  # a module that trains nothing (a probe) has nothing to restore or keep
+        if not hasattr(pl_module, "exchanged_parameters"):
+            raise ValueError(f"optimizer.keep_state: {type(pl_module).__name__} does not say where its parameters "
+                             f"sit in the exchanged state (LocalLearner.exchanged_parameters)")
         check_kept_names(self.restore, [name for _, name, _ in pl_module.exchanged_parameters()])
         for param, name, index in pl_module.exchanged_parameters():
             if id(param) not in optimizers:
@@ -131,13 +136,15 @@ class KeptOptimizerState(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         optimizers = _optimizers(trainer)
+        if not optimizers:
+            return
         slots = [(name, index, {k: v for k, v in optimizers[id(param)].state.get(param, {}).items() if torch.is_tensor(v)})
                  for param, name, index in pl_module.exchanged_parameters() if id(param) in optimizers]
         self.kept = kept_state(self.kind, self.classes, slots)
 
     def merged(self, client_state: State) -> State:
         """``client_state`` with this task kind's kept optimizer state replaced by the fit's."""
-        return merged(self.kind, client_state, self.kept)
+        return client_state if self.kept is None else merged(self.kind, client_state, self.kept)
 
 
 def _optimizers(trainer) -> dict[int, torch.optim.Optimizer]:

@@ -110,6 +110,22 @@ def test_a_kept_state_that_does_not_fit_is_refused_by_both_engines(kept, message
     assert re.search(message, outcome.reason)
 
 
+def test_a_fit_that_steps_no_optimizer_keeps_the_clients_state_as_it_was():
+    """A probe (FIM-L-BFGS's curvature task) trains nothing: asked to keep a state, it leaves
+    what the client kept untouched."""
+    from dataclasses import asdict
+
+    from fl_lightning.messages import ClientTask
+
+    template, x, y, ctx = _client()
+    params = {k: v.detach().clone() for k, v in template.state_dict().items()}
+    kept = {PREFIX + "curvature/classes": torch.zeros(0, dtype=torch.long), "other": torch.ones(1)}
+    probe = ClientTask(0, "curvature", params, settings={"classes": [], "fisher": False, "keep_gradient": False,
+                                                         "optimizer": asdict(OptimizerConfig("adam", keep_state=True))})
+    result = train_client(ctx, probe, np.arange(len(y)), 1, kept)
+    _assert_same(result.client_state, kept, atol=0)
+
+
 def test_fim_lbfgs_cannot_keep_its_state():
     with pytest.raises(ValueError, match="optimizer.keep_state"):
         check_optimizer(OptimizerConfig("fim_lbfgs", lr=1.0, keep_state=True))
