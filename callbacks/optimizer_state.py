@@ -28,7 +28,7 @@ from fl_lightning.messages import State, prefixed
 #: where the kept state lives in a client's state (``ClientResult.client_state``)
 PREFIX = "optimizer_state/"
 _CLASSES = "classes"
-STEP = "step"
+STEP = "step"  # Adam's step count, as torch.optim.Adam names it
 
 #: one trained tensor's optimizer state in the exchanged layout: (its parameter's name there, the
 #: index of its copy along the stacked leading dimension (None: the whole tensor), key -> tensor)
@@ -61,13 +61,11 @@ def slot_state(kept: State, name: str, index: Optional[int], shape: Sequence[int
     state = {}
     for key, value in prefixed(kept, name + "/").items():
         if key == STEP:
-            if index is not None and value.dim() > 0:
-                value = value[index]
-            elif index is None and value.dim() > 0:
-                if not torch.all(value == value[0]):
-                    raise ValueError(f"optimizer.keep_state: the copies of parameter {name!r} kept different step "
-                                     f"counts {value.tolist()}, which one stacked tensor cannot take")
-                value = value[0]
+            if value.dim() > 0 and index is None and not torch.all(value == value[0]):
+                raise ValueError(f"optimizer.keep_state: the copies of parameter {name!r} kept different step "
+                                 f"counts {value.tolist()}, which one stacked tensor cannot take")
+            if value.dim() > 0:
+                value = value[0 if index is None else index]
         else:
             value = value if index is None else value[index]
             if tuple(value.shape) != tuple(shape):

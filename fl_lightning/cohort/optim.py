@@ -26,11 +26,11 @@ from typing import Any, Callable, ClassVar, Hashable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from fl_lightning.callbacks.optimizer_state import STEP  # Adam's step count, as torch.optim.Adam names it
 from fl_lightning.config import OptimizerConfig
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as the per-client engine uses them
 ADAM_EPS = 1e-8
-STEP = "step"  # Adam's step count, as torch.optim.Adam names it
 
 
 def per_member(mask: Tensor, like: Tensor) -> Tensor:
@@ -129,22 +129,22 @@ class StackedOptimizer(MemberOptimizer):
         if not any(states):
             self.start = None
             return
-        start = [torch.zeros_like(t) for t in self.tensors()]
-        slots = [(key, None if key == STEP else name) for key, group in self.state.items()
-                 for name in ([None] if key == STEP else names)]
+        start = {key: [torch.zeros_like(t) for t in group] for key, group in self.state.items()}
         for m, state in enumerate(states):
             if not state:
                 continue
-            for (key, name), tensor in zip(slots, start):
+            for key, group in start.items():
                 if key == STEP:  # one count per member; torch keeps one per parameter, all equal
                     counts = {float(v) for k, v in state.items() if k.endswith("/" + STEP)}
                     if len(counts) != 1:
                         raise ValueError(f"optimizer.keep_state: member {m}'s kept state holds step counts "
                                          f"{sorted(counts)}; Adam's state needs one")
-                    tensor[m] = counts.pop()
-                elif f"{name}/{key}" in state:
-                    tensor[m] = state[f"{name}/{key}"]
-        self.start = start
+                    group[0][m] = counts.pop()
+                    continue
+                for name, tensor in zip(names, group):
+                    if f"{name}/{key}" in state:
+                        tensor[m] = state[f"{name}/{key}"]
+        self.start = [t for group in start.values() for t in group]  # tensors()' order
 
     def reset(self) -> None:
         if self.start is None:
