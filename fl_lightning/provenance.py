@@ -1,5 +1,6 @@
 """What, besides the resolved config and seed, a run needs to be reproduced: the software
-versions and the code's git commit. ``Federation.summary`` records it in summary.json."""
+versions, the code's git commit and the processors. ``Federation.summary`` records it in
+summary.json."""
 
 from __future__ import annotations
 
@@ -39,10 +40,24 @@ def git_state() -> dict[str, Any]:
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
+def cpu_model() -> Optional[str]:
+    """The CPU's model name (Linux's /proc/cpuinfo, else what ``platform`` knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def reproducibility_info() -> dict[str, Any]:
     """Versions of Python, torch, Lightning and fl_lightning (plus the libraries whose
     numerics or parsing the results depend on), the platform, the command line, and the git
-    commit when fl_lightning runs from a checkout."""
+    commit when fl_lightning runs from a checkout. Runs of one seed and one set of versions
+    on two kinds of processor may differ in the last bits, which training can amplify (torch
+    picks its kernels by the instruction set, ``cpu_capability``), so the processors are
+    recorded too."""
     import lightning
     import torch
 
@@ -58,6 +73,9 @@ def reproducibility_info() -> dict[str, Any]:
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "platform": platform.platform(),
         "machine": platform.machine(),
+        "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "argv": list(sys.argv),
         "git": git_state(),
     }

@@ -67,6 +67,8 @@ def test_reproducibility_info_names_versions_and_commit():
     assert info["torch"] == torch.__version__ and info["lightning"] == lightning.__version__
     assert info["fl_lightning"] == fl_lightning.__version__
     assert all(info[name] for name in ("numpy", "torchmetrics", "jsonargparse"))
+    assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert info["gpu"] is None or info["gpu"] == torch.cuda.get_device_name()
     json.dumps(info)  # it goes into summary.json
     head = None
     if shutil.which("git"):
