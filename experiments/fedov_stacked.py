@@ -28,10 +28,12 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PARTITIONS = {  # experiments/reproduction.sh's C1, C2, D05
+PARTITIONS = {  # experiments/reproduction.sh's C1, C2, C3, D05, D01 (Table 1's five columns)
     "C1": ["--partition.scheme", "num_labels", "--partition.labels_per_client", "1"],
     "C2": ["--partition.scheme", "num_labels", "--partition.labels_per_client", "2"],
+    "C3": ["--partition.scheme", "num_labels", "--partition.labels_per_client", "3"],
     "D05": ["--partition.scheme", "dirichlet", "--partition.dirichlet_beta", "0.5"],
+    "D01": ["--partition.scheme", "dirichlet", "--partition.dirichlet_beta", "0.1"],
 }
 METHODS = {"fedov": [], "closeset": ["--algorithm", "CloseSetVoting"]}
 
@@ -81,7 +83,7 @@ def main(argv=None) -> int:
     parser.add_argument("--data", nargs="+", default=["fmnist", "mnist"], choices=("fmnist", "mnist", "cifar"))
     parser.add_argument("--cifar-pack", type=Path, default=None,
                         help="CIFAR-10 as a data.image_pack file, for the cifar runs (python -m fl_lightning.data.image_pack)")
-    parser.add_argument("--parts", nargs="+", default=list(PARTITIONS), choices=list(PARTITIONS))
+    parser.add_argument("--parts", nargs="+", default=["C1", "C2", "D05"], choices=list(PARTITIONS))
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--reading-tag", default="_code", help="as experiments/reproduction.sh's READING_TAG")
     parser.add_argument("--runs-root", type=Path, default=ROOT / "reports" / "reproduction" / "runs")

@@ -61,14 +61,17 @@ run() {  # run NAME CONFIG [OVERRIDES...]
 }
 C1="--partition.scheme num_labels --partition.labels_per_client 1"
 C2="--partition.scheme num_labels --partition.labels_per_client 2"
+C3="--partition.scheme num_labels --partition.labels_per_client 3"
 D05="--partition.scheme dirichlet --partition.dirichlet_beta 0.5"
+D01="--partition.scheme dirichlet --partition.dirichlet_beta 0.1"
 # one round: its clients' results are saved as they finish, so a stopped run resumes client by client
 FEDOV="--federation.local_epochs $E --run.checkpoint_clients true"
 E_TAG=$([ "$E" = 20 ] || echo "_e$E")  # runs at another E than 20 get names of their own (e.g. _e200)
 
-# FedOV Table 1 (FedOV and close-set voting, same epochs, optimizer and seeds)
+# FedOV Table 1 (FedOV and close-set voting, same epochs, optimizer and seeds); FEDOV_PARTS adds
+# Table 1's other columns (C3, D01: cells.yaml's transcribed table lists them)
 for data in fmnist mnist; do
-  for part in C1 C2 D05; do
+  for part in ${FEDOV_PARTS:-C1 C2 D05}; do
     run ${data}_${part}_closeset${READING_TAG}$E_TAG configs/fedov_${data}.yaml ${!part} $FEDOV --algorithm CloseSetVoting
     run ${data}_${part}_fedov${READING_TAG}$E_TAG configs/fedov_${data}.yaml ${!part} $FEDOV
   done

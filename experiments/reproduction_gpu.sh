@@ -6,7 +6,7 @@
 #                paper's network with a 512-unit hidden layer, over SEEDS (default "0 1 2");
 #   datasharing  Table II's data-sharing baseline (FedAvg, β = 5 / 10 %) over SEEDS;
 #   fedov        FedOV Table 1 at the paper's FEDOV_E (default 200) local epochs: FedOV and
-#                close-set voting on FMNIST and MNIST, #C=1 / #C=2 / Dir(0.5) (FEDOV_PARTS), all
+#                close-set voting on FMNIST and MNIST, #C=1 / #C=2 / Dir(0.5) (FEDOV_PARTS; also C3, D01), all
 #                SEEDS at once: each cell's runs (data set, partition) stacked in one cohort (experiments/
 #                fedov_stacked.py; runs named *_code_e200; a stack the deadline stops is lost, the
 #                finished ones stay; bench/gpu_check.sh's STACKED_FEDOV measures one; on an H200 at

@@ -17,7 +17,12 @@ cell outside by name); with ``--readme`` the README's summary (one short line pe
 run and within 3 points); with ``--figures`` the figures of fl_lightning/reproduction_figures.py
 are written and, with ``--doc``, listed in the doc. So neither file can show more than the
 committed runs give. Unknown keys in a cell are an error; a top-level key other than ``cells``
-is left to other tools.
+and ``paper_tables`` is left to other tools.
+
+``paper_tables`` transcribes a paper's result table whole (fl_lightning/reproduction_tables.py):
+each of its cells that ``cells`` does not list becomes a cell without runs (or with the runs
+its folder holds), so the table lists every cell, and the doc shows those not run yet compactly
+in the paper's layout under the table.
 
 A cell may also compare rounds (the FIM-L-BFGS journal's Table II): ``target_of`` names the
 cell whose final accuracy sets the target and ``target_fraction`` its fraction; the row then
@@ -46,6 +51,7 @@ import yaml
 
 from fl_lightning.report import (RunRecord, bytes_from_history, evaluated, expand_run_dirs, fmt_bytes,
                                  is_run_dir, load_run)
+from fl_lightning.reproduction_tables import PaperTable, check_listed, load_paper_tables, pending_markdown, unlisted_cells
 
 WITHIN_POINTS = 3.0
 COMMAND = "python -m fl_lightning report --reproduction reports/reproduction/cells.yaml " \
@@ -82,6 +88,7 @@ class Cell:
     gap: str = ""           # a cell outside 3 points: its measured cause (budget | reading | the paper's figure), with the evidence
     reading_of: str = ""    # id of the paper cell this row reads another way (e.g. on another data set): never a cell of its own
     extra: dict = field(default_factory=dict)  # keys other tools keep in the cell
+    table: Optional[PaperTable] = None  # the transcribed paper table this cell comes from (not listed in cells:)
     records: list[RunRecord] = field(default_factory=list)
     budget_records: list[RunRecord] = field(default_factory=list)
 
@@ -141,7 +148,7 @@ def load_cells(spec: str | Path) -> list[Cell]:
     raw = yaml.safe_load(spec.read_text()) or {}
     if not isinstance(raw.get("cells"), list):
         raise ValueError(f"{spec}: expected a top-level 'cells:' list")
-    known = {f for f in Cell.__dataclass_fields__ if not f.endswith("records") and f != "extra"}
+    known = {f for f in Cell.__dataclass_fields__ if not f.endswith("records") and f not in ("extra", "table")}
     cells = []
     for k, entry in enumerate(raw["cells"]):
         # Keys this table does not read (another tool's, e.g. a `reading:` note) are kept and named
@@ -163,6 +170,12 @@ def load_cells(spec: str | Path) -> list[Cell]:
             raise ValueError(f"{spec}: cell {cell.id!r} has no runs under {cell.runs or '(no runs: key)'} "
                              "and no 'missing:' reason")
         cells.append(cell)
+    for table in load_paper_tables(raw.get("paper_tables"), str(spec)):
+        check_listed(table, cells, str(spec))
+        for kwargs in unlisted_cells(table, cells):
+            cell = Cell(**kwargs, table=table)
+            cell.records = finished_runs(spec.parent / cell.runs)
+            cells.append(cell)
     ids = [c.id for c in cells]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{spec}: duplicate cell ids {sorted({i for i in ids if ids.count(i) > 1})}")
@@ -305,16 +318,24 @@ HEADER = ["paper", "data", "setting", "method", "paper %", "paper's protocol", "
           "within 3?", "rounds to target: paper / ours (bytes up + down)", "our protocol"]
 
 
+def pending(cell: Cell) -> bool:
+    """A cell of a transcribed paper table without runs: shown in its paper's layout, not as a row."""
+    return cell.table is not None and not cell.records
+
+
 def markdown(cells: list[Cell]) -> str:
     by_id = {c.id: c for c in cells}
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(row(c, by_id)) + " |" for c in cells]
+    lines += ["| " + " | ".join(row(c, by_id)) + " |" for c in cells if not pending(c)]
     default, ran, outside = _counts(cells)
     lines += ["", f"Under the default reading (the authors' code where it and a paper's text differ; one row "
                   f"per paper cell): {len(ran)} of {len(default)} cells run; {len(ran) - len(outside)} within "
                   f"{WITHIN_POINTS:g} points of the paper" + (": outside, " + "; ".join(
                       f"{c.paper} {c.data} {c.setting} {c.method} ({_gap(c)})" for c in outside)
                       if outside else "") + _others(cells, default) + "."]
+    for table in dict.fromkeys(c.table for c in cells if pending(c)):
+        lines += ["", pending_markdown(table, {(c.data, c.setting, c.method) for c in cells
+                                               if c.table is table and pending(c)}).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 

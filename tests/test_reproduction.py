@@ -366,3 +366,70 @@ def test_a_method_and_reading_keep_one_colour_in_every_panel_of_a_rounds_figure(
     # one legend entry per line, which names the paper's figure its dashed line draws
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["A\npaper (dashed): 40.0 %", "B\npaper (dashed): 50.0 %"]
+
+
+TRANSCRIBED = """
+paper_tables:
+  - paper: "P, Table 1"
+    id: t1
+    paper_protocol: "E = 200"
+    reading: code
+    suffix: _e200
+    args: "--run.checkpoint_clients true"
+    why: not run yet
+    data:
+      D: {folder: d, args: "--data.name d"}
+      Far: {folder: far, args: "--data.name far", why: not reachable offline}
+    settings:
+      "#C=1": {folder: C1, args: "--partition.labels_per_client 1"}
+      "#C=3": {folder: C3, args: "--partition.labels_per_client 3"}
+    methods:
+      M: {folder: m, args: "--config m.yaml", why: "takes an hour"}
+      N: {folder: n, args: "--config n.yaml"}
+    rows:
+      - [D, "#C=1", 73.3, 10.1]
+      - [D, "#C=3", 80.0, 50.0]
+      - [Far, "#C=1", 60.0, 7.0]
+"""
+
+
+def test_a_transcribed_paper_table_lists_every_cell_not_listed_with_its_command(tmp_path):
+    fake_run(tmp_path / "runs" / "a" / "seed0", [0.72], 0)
+    path = spec(tmp_path, '  - {id: a, paper: "P, Table 1", data: D, setting: "#C=1", method: M, paper_value: 73.3, '
+                          'paper_protocol: "E = 200", runs: runs/a}\n' + TRANSCRIBED)
+
+    cells = {c.id: c for c in reproduction.load_cells(path)}
+    text = reproduction.markdown(list(cells.values()))
+
+    # the listed cell stays itself; the five others come from the transcription, in its folders
+    assert sorted(cells) == ["a", "t1_d_C1_n", "t1_d_C3_m", "t1_d_C3_n", "t1_far_C1_m", "t1_far_C1_n"]
+    c3 = cells["t1_d_C3_m"]
+    assert (c3.paper, c3.data, c3.setting, c3.method, c3.paper_value, c3.reading) == ("P, Table 1", "D", "#C=3", "M", 80.0, "code")
+    assert c3.missing == ("M: takes an hour; python -m fl_lightning fit --config m.yaml --data.name d "
+                          "--partition.labels_per_client 3 --run.checkpoint_clients true --seed S "
+                          "--run.dir reports/reproduction/runs/d_C3_m_e200/seedS (S = 0, 1, 2)")
+    assert cells["t1_far_C1_m"].missing.startswith("Far: not reachable offline; ")  # the data set's reason first
+    assert cells["t1_d_C1_n"].missing.startswith("N: not run yet; ")                 # else the method's, else the table's
+    # counted as cells, shown in the paper's layout, not as rows of the table
+    assert "1 of 6 cells run; 1 within 3 points" in text
+    assert [line for line in text.splitlines() if line.startswith("| D |") or line.startswith("| Far |")] == [
+        "| D | #C=1 | · | 10.1 |", "| D | #C=3 | 80.0 | 50.0 |", "| Far | #C=1 | 60.0 | 7.0 |"]
+    assert "- M: takes an hour" in text and "- Far: not reachable offline" in text and "- N: not run yet" in text
+
+
+def test_a_transcribed_cells_runs_make_it_a_row_and_a_mistyped_figure_is_named(tmp_path):
+    for seed, final in enumerate([0.79, 0.81]):
+        fake_run(tmp_path / "runs" / "d_C3_m_e200" / f"seed{seed}", [final], seed)
+    cells = {c.id: c for c in reproduction.load_cells(spec(tmp_path, "  []\n" + TRANSCRIBED))}
+    text = reproduction.markdown(list(cells.values()))
+
+    assert cells["t1_d_C3_m"].mean == pytest.approx(80.0)
+    assert "| P, Table 1 | D | #C=3 | M (reading: code) | 80.0 | E = 200 | 80.0 ± 1.4 (79.0, 81.0) | +0.0 | yes |" in text
+    assert "| D | #C=3 | · | 50.0 |" in text
+
+    with pytest.raises(ValueError, match=r"cell 'a' has paper_value 73.0, the transcription of P, Table 1 "
+                                         r"\(D, #C=1, M\) 73.3: one of the two is mistyped"):
+        reproduction.load_cells(spec(tmp_path, '  - {id: a, paper: "P, Table 1", data: D, setting: "#C=1", method: M, '
+                                               'paper_value: 73.0, paper_protocol: x, missing: later}\n' + TRANSCRIBED))
+    with pytest.raises(ValueError, match=r"row \['D', '#C=3'\] has 1 figures for 2 methods \(M, N\)"):
+        reproduction.load_cells(spec(tmp_path, "  []\n" + TRANSCRIBED.replace("[D, \"#C=3\", 80.0, 50.0]", "[D, \"#C=3\", 80.0]")))
