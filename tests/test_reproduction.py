@@ -433,3 +433,37 @@ def test_a_transcribed_cells_runs_make_it_a_row_and_a_mistyped_figure_is_named(t
                                                'paper_value: 73.0, paper_protocol: x, missing: later}\n' + TRANSCRIBED))
     with pytest.raises(ValueError, match=r"row \['D', '#C=3'\] has 1 figures for 2 methods \(M, N\)"):
         reproduction.load_cells(spec(tmp_path, "  []\n" + TRANSCRIBED.replace("[D, \"#C=3\", 80.0, 50.0]", "[D, \"#C=3\", 80.0]")))
+
+
+def test_the_fedov_transcription_is_the_papers_text():
+    """cells.yaml's FedOV tables against the paper's own text (../shared/papers, beside the
+    checkout): every figure, read from the markdown tables' cells as their means."""
+    import re
+
+    import yaml
+
+    paper = ROOT.parent / "shared" / "papers" / "fedov_iclr2023.txt"
+    if not paper.is_file():
+        pytest.skip(f"{paper} is not beside the checkout")
+    lines = paper.read_text().splitlines()
+
+    def table(header: str, width: int) -> list[list[float]]:
+        start = next(i for i, line in enumerate(lines) if line.startswith(header))
+        rows = [line for line in lines[start:start + 25] if "#C" in line or "Dir" in line][:20]
+        return [[float(re.search(r"\d+\.\d", cell).group()) for cell in row.split("|")[3:] if cell.strip()][:width]
+                for row in rows]
+
+    # the paper's row order: CIFAR-10, SVHN, FMNIST, MNIST; #C=1, #C=2, #C=3, Dir(0.5), Dir(0.1)
+    keys = [(d, s) for d in ("CIFAR-10", "SVHN", "FMNIST", "MNIST") for s in ("#C=1", "#C=2", "#C=3", "Dir(0.5)", "Dir(0.1)")]
+    text = {"FedOV, Table 1": dict(zip(keys, table("| Dataset | Partition | FedOV", 8))),
+            "FedOV, Table 2": {k: v[1:3] for k, v in zip(keys, table("| Dataset | Dataset Partition", 4))}}
+    start = next(i for i, line in enumerate(lines) if line.startswith("| Dataset | Distilled FedOV"))
+    text["FedOV, Table 3"] = {}
+    for line in lines[start + 1:start + 5]:
+        cells = [c.strip() for c in line.split("|")[1:] if c.strip()]
+        figures = [float(re.search(r"\d+\.\d", c).group()) for c in cells[1:]]
+        text["FedOV, Table 3"][(cells[0], "Dir(0.5)")] = figures[:3] + figures[4:]  # SOLO (4th) is not transcribed
+
+    tables = yaml.safe_load((ROOT / "reports" / "reproduction" / "cells.yaml").read_text())["paper_tables"]
+    transcribed = {t["paper"]: {(str(r[0]), str(r[1])): [float(x) for x in r[2:]] for r in t["rows"]} for t in tables}
+    assert transcribed == text
