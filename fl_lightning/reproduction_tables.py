@@ -23,9 +23,10 @@ SEEDS = "S = 0, 1, 2"
 @dataclass(frozen=True)
 class Column:
     """A data set, setting or method of a transcribed table: the name its run folders use,
-    the command-line arguments that select it, and (optional) why its cells have no runs yet."""
+    the command-line arguments that select it (none: the config's default), and (optional) why
+    its cells have no runs yet."""
     folder: str
-    args: str
+    args: str = ""
     why: str = ""
 
 
@@ -49,7 +50,9 @@ class PaperTable:
         return f"runs/{self.data[data].folder}_{self.settings[setting].folder}_{self.methods[method].folder}{self.suffix}"
 
     def command(self, data: str, setting: str, method: str) -> str:
-        parts = [self.methods[method].args, self.data[data].args, self.settings[setting].args, self.args]
+        # a method whose config is per data set names it as "{data}" (configs/athena_{data}_code.yaml)
+        method_args = self.methods[method].args.replace("{data}", self.data[data].folder)
+        parts = [method_args, self.data[data].args, self.settings[setting].args, self.args]
         return (f"python -m fl_lightning fit {' '.join(p for p in parts if p)} --seed S --run.dir "
                 f"reports/reproduction/{self.folder(data, setting, method)}/seedS ({SEEDS})")
 
@@ -162,9 +165,13 @@ def pending_markdown(table: PaperTable, pending: set[tuple[str, str, str]]) -> s
               f"A cell's command: `python -m fl_lightning fit <method> <data> <setting>"
               f"{' ' + table.args if table.args else ''} --seed S --run.dir "
               f"reports/reproduction/runs/<data>_<setting>_<method>{table.suffix}/seedS` ({SEEDS}), with",
-              "- methods: " + "; ".join(f"{name} `{c.folder}`: `{c.args}`" for name, c in table.methods.items()),
-              "- data: " + "; ".join(f"{name} `{c.folder}`: `{c.args}`" for name, c in table.data.items()),
-              "- settings: " + "; ".join(f"{name} `{c.folder}`: `{c.args}`" for name, c in table.settings.items())]
+              "- methods: " + _column_list(table.methods) + (" (`{data}`: the data set's folder name)" if any(
+                  "{data}" in c.args for c in table.methods.values()) else ""),
+              "- data: " + _column_list(table.data), "- settings: " + _column_list(table.settings)]
     if table.left_out:
         lines.append(f"- not transcribed: {table.left_out}")
     return "\n".join(lines) + "\n"
+
+
+def _column_list(columns: dict[str, Column]) -> str:
+    return "; ".join(f"{name} `{c.folder}`" + (f": `{c.args}`" if c.args else "") for name, c in columns.items())

@@ -389,6 +389,17 @@ def test_sampling_takes_a_fraction_of_every_active_cluster(tmp_path):
     assert strategy.is_finished(state)
 
 
+def test_iid_clients_form_one_cluster_that_trains_every_classes_detector(tmp_path):
+    """Section 5.2.1's setting (cells.yaml lists its commands): every client holds every class,
+    so the probe's last layers put all of them in one cluster, whose ten detectors train."""
+    summary = main(["fit", *athena_args(tmp_path, "--federation.rounds", "2", "--partition.scheme", "iid")])
+    probe, detectors = summary["history"]
+    assert probe["clustering/clusters"] == 1 and probe["clustering/ari"] == 1.0
+    assert summary["communication"]["detectors"] == 10 and detectors["detectors/total"] == 10
+    assert sorted(k for k in detectors if k.startswith("test/detector_acc/")) == [
+        f"test/detector_acc/g0_c{c}" for c in range(10)]
+
+
 def test_athena_run_clusters_trains_stores_and_composes_from_the_database_alone(tmp_path):
     run = tmp_path / "run"
     summary = main(["fit", *athena_args(run, "--federation.rounds", "3")])

@@ -465,5 +465,6 @@ def test_the_fedov_transcription_is_the_papers_text():
         text["FedOV, Table 3"][(cells[0], "Dir(0.5)")] = figures[:3] + figures[4:]  # SOLO (4th) is not transcribed
 
     tables = yaml.safe_load((ROOT / "reports" / "reproduction" / "cells.yaml").read_text())["paper_tables"]
-    transcribed = {t["paper"]: {(str(r[0]), str(r[1])): [float(x) for x in r[2:]] for r in t["rows"]} for t in tables}
+    transcribed = {t["paper"]: {(str(r[0]), str(r[1])): [float(x) for x in r[2:]] for r in t["rows"]}
+                   for t in tables if t["paper"].startswith("FedOV")}
     assert transcribed == text
