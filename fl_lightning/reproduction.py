@@ -172,10 +172,14 @@ def load_cells(spec: str | Path) -> list[Cell]:
         cells.append(cell)
     for table in load_paper_tables(raw.get("paper_tables"), str(spec)):
         check_listed(table, cells, str(spec))
-        for kwargs in unlisted_cells(table, cells):
-            cell = Cell(**kwargs, table=table)
+        transcribed = [Cell(**kwargs, table=table) for kwargs in unlisted_cells(table, cells)]
+        for cell in transcribed:
             cell.records = finished_runs(spec.parent / cell.runs)
-            cells.append(cell)
+        # after the listed rows of the same paper table (else of the same paper), so that a run one joins them
+        last = max((k for k, c in enumerate(cells) if c.paper == table.paper), default=None)
+        if last is None:
+            last = max((k for k, c in enumerate(cells) if _paper(c) == table.paper.split(",")[0]), default=len(cells) - 1)
+        cells[last + 1:last + 1] = transcribed
     ids = [c.id for c in cells]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{spec}: duplicate cell ids {sorted({i for i in ids if ids.count(i) > 1})}")
@@ -333,7 +337,7 @@ def markdown(cells: list[Cell]) -> str:
                   f"{WITHIN_POINTS:g} points of the paper" + (": outside, " + "; ".join(
                       f"{c.paper} {c.data} {c.setting} {c.method} ({_gap(c)})" for c in outside)
                       if outside else "") + _others(cells, default) + "."]
-    for table in dict.fromkeys(c.table for c in cells if pending(c)):
+    for table in sorted(dict.fromkeys(c.table for c in cells if pending(c)), key=lambda t: t.position):
         lines += ["", pending_markdown(table, {(c.data, c.setting, c.method) for c in cells
                                                if c.table is table and pending(c)}).rstrip("\n")]
     return "\n".join(lines) + "\n"

@@ -44,6 +44,7 @@ class PaperTable:
     methods: dict[str, Column]
     rows: list[list]        # [data, setting, the paper's figure of each method, in methods' order]
     left_out: str = ""      # the paper's columns not transcribed, and why (shown under the table)
+    position: int = 0       # its place among cells.yaml's paper_tables (the doc shows them in that order)
     values: dict[tuple[str, str, str], float] = field(default_factory=dict)
 
     def folder(self, data: str, setting: str, method: str) -> str:
@@ -87,7 +88,7 @@ def load_paper_tables(raw: Any, spec: str) -> list[PaperTable]:
     for k, entry in enumerate(raw):
         where = f"{spec}: paper_tables[{k}] ({entry.get('paper', '?')})"
         try:
-            table = PaperTable(**{**entry, "data": _columns(entry.get("data"), f"{where}: data"),
+            table = PaperTable(**{**entry, "position": k, "data": _columns(entry.get("data"), f"{where}: data"),
                                   "settings": _columns(entry.get("settings"), f"{where}: settings"),
                                   "methods": _columns(entry.get("methods"), f"{where}: methods")})
         except TypeError as err:

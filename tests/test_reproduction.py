@@ -468,3 +468,16 @@ def test_the_fedov_transcription_is_the_papers_text():
     transcribed = {t["paper"]: {(str(r[0]), str(r[1])): [float(x) for x in r[2:]] for r in t["rows"]}
                    for t in tables if t["paper"].startswith("FedOV")}
     assert transcribed == text
+
+
+def test_a_transcribed_cell_with_runs_joins_its_paper_tables_rows(tmp_path):
+    fake_run(tmp_path / "runs" / "d_C3_m_e200" / "seed0", [0.80], 0)
+    path = spec(tmp_path, '  - {id: a, paper: "P, Table 1", data: D, setting: "#C=1", method: M, paper_value: 73.3, '
+                          'paper_protocol: "E = 200", missing: later}\n'
+                          '  - {id: z, paper: "Q, Table 9", data: D, setting: S, method: M, paper_value: 1.0, '
+                          'paper_protocol: x, missing: later}\n' + TRANSCRIBED)
+
+    rows = [line.split(" | ")[0].lstrip("| ") + "/" + line.split(" | ")[2] for line in
+            reproduction.markdown(reproduction.load_cells(path)).splitlines()[2:5]]
+
+    assert rows == ["P, Table 1/#C=1", "P, Table 1/#C=3", "Q, Table 9/S"]
