@@ -44,6 +44,7 @@ class PaperTable:
     methods: dict[str, Column]
     rows: list[list]        # [data, setting, the paper's figure of each method, in methods' order]
     left_out: str = ""      # the paper's columns not transcribed, and why (shown under the table)
+    differences: str = ""   # what its cells' runs differ in from the paper that their configs cannot say
     position: int = 0       # its place among cells.yaml's paper_tables (the doc shows them in that order)
     values: dict[tuple[str, str, str], float] = field(default_factory=dict)
 
@@ -133,6 +134,7 @@ def unlisted_cells(table: PaperTable, listed: list) -> list[dict]:
             id=f"{table.id}_{table.data[data].folder}_{table.settings[setting].folder}_{table.methods[method].folder}",
             paper=table.paper, data=data, setting=setting, method=method, paper_value=value,
             paper_protocol=table.paper_protocol, reading=table.reading, runs=table.folder(data, setting, method),
+            differences=table.differences,
             missing="{}: {}; {}".format(*table.why_not_run(data, method), table.command(data, setting, method))))
     return cells
 

@@ -377,6 +377,7 @@ paper_tables:
     suffix: _e200
     args: "--run.checkpoint_clients true"
     why: not run yet
+    differences: raw pixels
     data:
       D: {folder: d, args: "--data.name d"}
       Far: {folder: far, args: "--data.name far", why: not reachable offline}
@@ -404,7 +405,8 @@ def test_a_transcribed_paper_table_lists_every_cell_not_listed_with_its_command(
     # the listed cell stays itself; the five others come from the transcription, in its folders
     assert sorted(cells) == ["a", "t1_d_C1_n", "t1_d_C3_m", "t1_d_C3_n", "t1_far_C1_m", "t1_far_C1_n"]
     c3 = cells["t1_d_C3_m"]
-    assert (c3.paper, c3.data, c3.setting, c3.method, c3.paper_value, c3.reading) == ("P, Table 1", "D", "#C=3", "M", 80.0, "code")
+    assert (c3.paper, c3.data, c3.setting, c3.method, c3.paper_value, c3.reading, c3.differences) == (
+        "P, Table 1", "D", "#C=3", "M", 80.0, "code", "raw pixels")
     assert c3.missing == ("M: takes an hour; python -m fl_lightning fit --config m.yaml --data.name d "
                           "--partition.labels_per_client 3 --run.checkpoint_clients true --seed S "
                           "--run.dir reports/reproduction/runs/d_C3_m_e200/seedS (S = 0, 1, 2)")
