@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from fl_lightning.callbacks import Checkpointing, ConsoleProgress, FederatedCallback, MetricsLogger, PartitionStatistics
 from fl_lightning.callbacks.logging import progress_mode
@@ -27,7 +27,7 @@ from fl_lightning.data.local_splits import apply_local_split, check_local_split
 from fl_lightning.data.preprocess import hold_out_validation, resize_images
 from fl_lightning.errors import RoundFailedError
 from fl_lightning.interrupts import RunInterrupted
-from fl_lightning.per_client_eval import client_accuracy_summary, local_split_metrics, per_client_metrics
+from fl_lightning.per_client_eval import class_report, client_accuracy_summary, local_split_metrics, per_client_metrics
 from fl_lightning.provenance import reproducibility_info
 from fl_lightning.run_dir import held_run, refuse_or_clear
 from fl_lightning.run_lock import run_dir_lock
@@ -78,6 +78,7 @@ class Federation:
         self._validate()
         self.callbacks = list(callbacks) if callbacks is not None else self.default_callbacks()
         self.round = 0
+        self.test_confusion: Optional[torch.Tensor] = None  # (C, C) counts of this process's last test evaluation
         self.history: list[dict[str, Any]] = []
         self.reported_labels: Optional[dict[int, np.ndarray]] = None  # set when clients run elsewhere (Flower)
         # what each client keeps between rounds (SCAFFOLD's c_i): held for the simulated clients
@@ -425,6 +426,7 @@ class Federation:
             x, y = (self._data.test_x, self._data.test_y) if split == "test" else (self._data.train_x, self._data.train_y)
         state = {k: v.to(self.device) for k, v in self.state.items()}
         accuracy = MulticlassAccuracy(num_classes=self._data.num_classes, average="micro").to(self.device)
+        confusion = MulticlassConfusionMatrix(num_classes=self._data.num_classes).to(self.device)
         scores = []
         size = GPU_EVAL_BATCH if self.device.type == "cuda" else EVAL_BATCH
         for start in range(0, len(x), size):
@@ -432,9 +434,12 @@ class Federation:
             yb = y[start:start + size].to(self.device)
             s = self.strategy.predict_logits(state, xb).float()
             accuracy.update(s, yb)
+            confusion.update(s, yb)
             scores.append(s)
         all_scores = torch.cat(scores)
         out = {f"{split}/accuracy": float(accuracy.compute())}
+        if split == "test":  # per class is where label skew shows: kept for the summary, not logged each round
+            self.test_confusion = confusion.compute().cpu()
         if split == "test" and self.federation.per_client_eval:
             out.update({f"{split}/{k}": v for k, v in per_client_metrics(
                 all_scores.argmax(1).cpu().numpy(), y.cpu().numpy(), self.client_label_counts()).items()})
@@ -460,6 +465,7 @@ class Federation:
     # ---- results -------------------------------------------------------------------------
     def summary(self, wall_time: float) -> dict[str, Any]:
         evaluated = [m["test/accuracy"] for m in self.history if "test/accuracy" in m]
+        evaluated_rounds = [m["round"] for m in self.history if "test/accuracy" in m]
         window = evaluated[-self.federation.final_window:]
         return {
             "algorithm": self.strategy.name,
@@ -470,6 +476,8 @@ class Federation:
             "last_accuracy": evaluated[-1] if evaluated else None,
             **({"client_accuracy": client_accuracy_summary(self.history, self.federation.final_window)}
                if self.federation.per_client_eval else {}),
+            **({"test_classes": class_report(evaluated_rounds[-1], self.test_confusion)}
+               if self.test_confusion is not None and evaluated_rounds else {}),
             "bytes_total": int(sum(m["bytes/down"] + m["bytes/up"] for m in self.history)),
             "wall_time_s": wall_time,
             "seconds_per_round": float(np.mean([m["time/round_s"] for m in self.history])) if self.history else None,

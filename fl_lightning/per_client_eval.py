@@ -1,4 +1,4 @@
-"""Per-client evaluation (``federation.per_client_eval``), as pure functions.
+"""Per-client and per-class evaluation (``federation.per_client_eval``, the summary's ``test_classes``), as pure functions.
 
 ATHENA-FL reports "the mean accuracy over clients with a 95 % confidence interval": every
 client measures the global model on test data drawn like its own. Here client k's test
@@ -35,6 +35,17 @@ def class_accuracy(predictions: Sequence[int], labels: Sequence[int], num_classe
     correct = np.bincount(labels[predictions == labels], minlength=num_classes).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(total > 0, correct / total, np.nan)
+
+
+def class_report(round_index: int, confusion) -> dict:
+    """The summary's ``test_classes``: the last test evaluation's confusion matrix (rows the
+    true class, columns the predicted one) and a_c per class (None for a class without test
+    samples). Under label skew the mean hides which classes a method gives up."""
+    matrix = np.asarray(confusion, dtype=np.int64)
+    total = matrix.sum(1)
+    return {"round": int(round_index),
+            "accuracy": [float(matrix[c, c] / total[c]) if total[c] else None for c in range(len(matrix))],
+            "confusion": matrix.tolist(), "confusion_rows": "true class", "confusion_columns": "predicted class"}
 
 
 def client_accuracies(per_class: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,7 @@ import torch
 from fl_lightning.checkpoint import load_checkpoint, save_atomic
 from fl_lightning.cli import main
 from fl_lightning.models import FashionCNN, build_architecture
-from fl_lightning.per_client_eval import (class_accuracy, client_accuracies, client_accuracy_summary, mean_interval,
+from fl_lightning.per_client_eval import (class_accuracy, class_report, client_accuracies, client_accuracy_summary, mean_interval,
                                           per_client_metrics)
 from fl_lightning.settings import build_federation
 from tests.conftest import tiny_args
@@ -203,6 +203,31 @@ def test_per_client_evaluation_in_a_run_equals_a_recomputation_by_loops(tmp_path
     assert summary["client_accuracy"]["mean"] == last["test/client_accuracy"]
     assert summary["client_accuracy"]["round"] == 2 and "Student-t" in summary["client_accuracy"]["interval"]
     assert all("test/client_accuracy" in m for m in summary["history"])  # every evaluated round
+
+
+def test_class_report_by_hand():
+    # true 0: predicted 0, 2; true 1: 1, 1, 0; class 2: no test sample
+    r = class_report(3, [[1, 0, 1], [1, 2, 0], [0, 0, 0]])
+    assert r["round"] == 3 and r["accuracy"] == [0.5, 2 / 3, None]
+    assert r["confusion"] == [[1, 0, 1], [1, 2, 0], [0, 0, 0]] and r["confusion_rows"] == "true class"
+
+
+def test_summary_keeps_the_last_test_evaluation_per_class(tmp_path):
+    args = tiny_args(tmp_path / "run", "--federation.rounds", "2", "--partition.scheme", "dirichlet")
+    federation = build_federation(["fit", *args], callbacks=[])[2]
+
+    summary = federation.fit()
+
+    with torch.inference_mode():
+        pred = federation.strategy.predict_logits(federation.state, federation._data.test_x).argmax(1).numpy()
+    y = federation._data.test_y.numpy()
+    expected = np.zeros((10, 10), dtype=np.int64)
+    np.add.at(expected, (y, pred), 1)
+    classes = summary["test_classes"]
+    assert classes["round"] == 2 and classes["confusion"] == expected.tolist()
+    assert np.trace(expected) / len(y) == pytest.approx(summary["last_accuracy"])
+    np.testing.assert_allclose([a for a in classes["accuracy"] if a is not None],
+                               [(pred[y == c] == c).mean() for c in range(10) if (y == c).any()])
 
 
 def test_per_client_evaluation_is_off_by_default(tmp_path):
