@@ -170,15 +170,22 @@ if [[ mnist_iid_fim_server =~ ${ONLY:-.} ]]; then
   [ "$eta" != none ] && run mnist_iid_fim_server$T2 configs/fimlbfgs_fmnist.yaml --data.name mnist \
     --federation.rounds $ROUNDS $WINDOW --algorithm.step_size $eta
 fi
-# Table 1's one-round baselines on FMNIST #C=2 (NIID-Bench: sample-weighted averaging, FedProx μ 0.01)
-run fmnist_C2_fedavg${READING_TAG}$E_TAG configs/fedavg_oneshot_fmnist.yaml $C2 $FEDOV
-run fmnist_C2_fedprox${READING_TAG}$E_TAG configs/fedprox_oneshot_fmnist.yaml $C2 $FEDOV --algorithm.mu 0.01
-run fmnist_C2_fednova${READING_TAG}$E_TAG configs/fednova_oneshot_fmnist.yaml $C2 $FEDOV
-run fmnist_C2_scaffold${READING_TAG}$E_TAG configs/scaffold_oneshot_fmnist.yaml $C2 $FEDOV
-# the one-shot baselines with public data (accuracy on the second test half; FedKT's teachers get
-# FedOV's E, its students and final model the authors' 100 epochs on the public half)
-run fmnist_C2_feddf${READING_TAG}$E_TAG configs/feddf_oneshot_fmnist.yaml $C2 $FEDOV
-run fmnist_C2_fedkt${READING_TAG}$E_TAG configs/fedkt_oneshot_fmnist.yaml $C2 $FEDOV
+# Table 1's one-round baselines (NIID-Bench: sample-weighted averaging, FedProx μ 0.01), then the
+# one-shot baselines with public data (accuracy on the second test half; FedKT's teachers get
+# FedOV's E, its students and final model the authors' 100 epochs on the public half). FMNIST #C=2
+# always; BASELINE_CELLS (e.g. "mnist_C3 fmnist_D01") adds other columns of the table.
+baselines() {  # baselines DATA PART
+  local cell=$1_$2 data=(); [ "$1" = mnist ] && data=(--data.name mnist)
+  local args=("${data[@]}" ${!2} $FEDOV)
+  run ${cell}_fedavg${READING_TAG}$E_TAG configs/fedavg_oneshot_fmnist.yaml "${args[@]}"
+  run ${cell}_fedprox${READING_TAG}$E_TAG configs/fedprox_oneshot_fmnist.yaml "${args[@]}" --algorithm.mu 0.01
+  run ${cell}_fednova${READING_TAG}$E_TAG configs/fednova_oneshot_fmnist.yaml "${args[@]}"
+  run ${cell}_scaffold${READING_TAG}$E_TAG configs/scaffold_oneshot_fmnist.yaml "${args[@]}"
+  run ${cell}_feddf${READING_TAG}$E_TAG configs/feddf_oneshot_fmnist.yaml "${args[@]}"
+  run ${cell}_fedkt${READING_TAG}$E_TAG configs/fedkt_oneshot_fmnist.yaml "${args[@]}"
+}
+baselines fmnist C2
+for cell in ${BASELINE_CELLS:-}; do baselines ${cell%_*} ${cell#*_}; done
 # Table 3: Distilled FedOV on FMNIST Dir(0.5) (student: 100 epochs on the first test half)
 run fmnist_D05_fedov_distilled${READING_TAG}$E_TAG configs/fedov_fmnist.yaml $D05 $FEDOV --algorithm.distill true
 # Table 2 ablation, FMNIST #C=1
