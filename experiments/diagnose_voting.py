@@ -1,6 +1,7 @@
 """Where a one-shot ensemble's accuracy goes: per-member closed-set accuracy on the classes
 the member holds, the open-set "unknown" probability on held and unheld classes, and the
-vote restricted to members that hold the true class (an oracle no method has).
+vote restricted to members that hold the true class (an oracle no method has), and the
+plurality of the members' hard predictions (one vote each, ties to the summed probabilities).
 
     .venv/bin/python experiments/diagnose_voting.py RUN_DIR [RUN_DIR ...]
 
@@ -42,6 +43,8 @@ def diagnose(run_dir: Path) -> dict[str, float]:
         "accuracy": float((fed.strategy.vote(probs).argmax(1) == y).float().mean()),
         "member_acc_on_held": float(member_correct[holds_truth].mean()),
         "oracle_vote": float(((known * holds_truth.unsqueeze(-1)).sum(0).argmax(1) == y).float().mean()),
+        "hard_vote": float(((torch.nn.functional.one_hot(known.argmax(-1), n).sum(0) + 1e-3 * known.sum(0) / len(known))
+                            .argmax(1) == y).float().mean()),
     }
     if probs.shape[-1] > n:  # open-set members
         out["p_unknown_held"] = float(probs[..., n][holds_truth].mean())
@@ -50,13 +53,13 @@ def diagnose(run_dir: Path) -> dict[str, float]:
 
 
 def main(run_dirs: list[str]) -> None:
-    print("| run | accuracy | member accuracy on held classes | oracle vote | P(unknown) held / unheld |")
-    print("|---|---|---|---|---|")
+    print("| run | accuracy | member accuracy on held classes | oracle vote | hard vote | P(unknown) held / unheld |")
+    print("|---|---|---|---|---|---|")
     for d in run_dirs:
         r = diagnose(Path(d))
         unknown = (f"{r['p_unknown_held']:.3f} / {r['p_unknown_unheld']:.3f}" if "p_unknown_held" in r else "—")
         print(f"| {d} | {100 * r['accuracy']:.1f} | {100 * r['member_acc_on_held']:.1f} | "
-              f"{100 * r['oracle_vote']:.1f} | {unknown} |")
+              f"{100 * r['oracle_vote']:.1f} | {100 * r['hard_vote']:.1f} | {unknown} |")
 
 
 if __name__ == "__main__":
