@@ -22,6 +22,9 @@
 #   python -m fl_lightning report --reproduction reports/reproduction/cells.yaml --doc docs/reproduction.md --readme README.md --figures docs/figures
 # Hyper-parameters: the rule at the top of cells.yaml (each paper's stated values; nothing tuned).
 cd "$(dirname "$0")/.."
+# Ctrl-C stops the whole script: a run stopped by SIGINT exits normally (its checkpoint saved), and
+# bash would otherwise go on to the next run
+trap 'echo "stopped by SIGINT: the same command resumes"; exit 130' INT
 OUT=reports/reproduction/runs
 LOGS=${LOGS:-runs/reproduction_logs}
 E=${E:-20}
