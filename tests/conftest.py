@@ -1,4 +1,6 @@
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +18,15 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+def experiment_script(name: str):
+    """The module of ``experiments/<name>.py`` (a script folder, not a package)."""
+    path = Path(__file__).resolve().parent.parent / "experiments" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny_args(run_dir, *extra):

@@ -1,17 +1,11 @@
 """experiments/fedov_stacked.py: its runs land where experiments/reproduction.sh puts them, and
 its stacks group them by cell or by data set."""
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import experiment_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("fedov_stacked", ROOT / "experiments" / "fedov_stacked.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return experiment_script("fedov_stacked")
 
 
 def test_runs_are_named_as_reproduction_sh_names_them(tmp_path):

@@ -1,0 +1,80 @@
+"""Where one-round FedDF's accuracy goes: trains one run as the command line would, keeps the
+clients' models the server received, and prints on the test half the accuracy of each step
+of FedDF's server: the sample-weighted average of the models (one-round FedAvg), the ensemble
+FedDF distils (the members' mean logits, Lin et al.), the ensemble of mean probabilities
+(close-set voting's vote), and the distilled student (the run's result); then how far the
+student follows its teacher on the public half (agreement of their top classes) and the spread
+of the members' logits (a member with large logits outweighs the others in a mean of logits,
+FedOV Appendix B.8).
+
+    .venv/bin/python experiments/diagnose_feddf.py --config configs/feddf_oneshot_fmnist.yaml \
+        --partition.scheme dirichlet --partition.dirichlet_beta 0.5 --federation.local_epochs 20 \
+        --seed 0 --run.dir /tmp/feddf_diag
+
+Settings are those of ``python -m fl_lightning fit``; prints one Markdown table.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch.func import functional_call
+
+
+def accuracy(logits_or_probs: torch.Tensor, y: torch.Tensor) -> float:
+    return 100.0 * float((logits_or_probs.argmax(1) == y).float().mean())
+
+
+def diagnose(argv: list[str]):
+    """(the measures, the averaged model's state, the finished Federation) of one run."""
+    from fl_lightning.aggregation import fedavg
+    from fl_lightning.settings import build_federation
+
+    _, _, fed = build_federation(["fit", "--run.logger", "none", *argv])
+    strategy = fed.strategy
+    received = {}
+    aggregate = strategy.aggregate
+
+    def keep_results(state, results):
+        received["results"] = results
+        return aggregate(state, results)
+
+    strategy.aggregate = keep_results
+    fed.fit()
+    results = received["results"]
+    model = strategy.template.to("cpu").eval()
+    x, y = fed._data.test_x.cpu(), fed._data.test_y.cpu()
+    public = fed.public_x.cpu()
+
+    @torch.no_grad()
+    def logits(params, inputs):
+        return torch.cat([functional_call(model, {k: v.cpu() for k, v in params.items()}, (inputs[i:i + 2000],))
+                          for i in range(0, len(inputs), 2000)]).float()
+
+    members = torch.stack([logits(r.params, x) for r in results])  # (N, B, C)
+    members_public = torch.stack([logits(r.params, public) for r in results])
+    averaged = fedavg([r.params for r in results], [r.num_samples for r in results], True)
+    student = logits(fed.state, x)
+    teacher_public = members_public.mean(0).softmax(1)
+    measures = {
+        "averaged model (one-round FedAvg)": accuracy(logits(averaged, x), y),
+        "mean-logit ensemble (FedDF's teacher)": accuracy(members.mean(0), y),
+        "mean-probability ensemble (close-set vote)": accuracy(members.softmax(2).mean(0), y),
+        "distilled student (the run)": accuracy(student, y),
+        "student = teacher on the public half": accuracy(logits(fed.state, public), teacher_public.argmax(1)),
+        "members' logit std, min-max": (float(members.std(dim=(1, 2)).min()), float(members.std(dim=(1, 2)).max())),
+    }
+    return measures, averaged, fed
+
+
+def main(argv: list[str]) -> None:
+    out, _, _ = diagnose(argv)
+    print("| measure | value |\n|---|---|")
+    for name, value in out.items():
+        text = f"{value[0]:.1f}-{value[1]:.1f}" if isinstance(value, tuple) else f"{value:.1f} %"
+        print(f"| {name} | {text} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
