@@ -19,7 +19,6 @@ from __future__ import annotations
 import sys
 
 import torch
-from torch.func import functional_call
 
 
 def accuracy(logits_or_probs: torch.Tensor, y: torch.Tensor) -> float:
@@ -28,8 +27,9 @@ def accuracy(logits_or_probs: torch.Tensor, y: torch.Tensor) -> float:
 
 def diagnose(argv: list[str]):
     """(the measures, the averaged model's state, the finished Federation) of one run."""
-    from fl_lightning.aggregation import fedavg
+    from fl_lightning.algorithms.baselines.fedavg import FedAvg
     from fl_lightning.settings import build_federation
+    from fl_lightning.strategy import model_logits
 
     _, _, fed = build_federation(["fit", "--run.logger", "none", *argv])
     strategy = fed.strategy
@@ -43,18 +43,17 @@ def diagnose(argv: list[str]):
     strategy.aggregate = keep_results
     fed.fit()
     results = received["results"]
-    model = strategy.template.to("cpu").eval()
     x, y = fed._data.test_x.cpu(), fed._data.test_y.cpu()
     public = fed.public_x.cpu()
 
     @torch.no_grad()
     def logits(params, inputs):
-        return torch.cat([functional_call(model, {k: v.cpu() for k, v in params.items()}, (inputs[i:i + 2000],))
+        return torch.cat([model_logits(strategy.template, params, inputs[i:i + 2000])
                           for i in range(0, len(inputs), 2000)]).float()
 
     members = torch.stack([logits(r.params, x) for r in results])  # (N, B, C)
     members_public = torch.stack([logits(r.params, public) for r in results])
-    averaged = fedavg([r.params for r in results], [r.num_samples for r in results], True)
+    averaged, _ = FedAvg.aggregate(strategy, fed.state, results)  # FedDF's first step, as its server takes it
     student = logits(fed.state, x)
     teacher_public = members_public.mean(0).softmax(1)
     measures = {
