@@ -11,12 +11,17 @@ FedOV Appendix B.8).
         --partition.scheme dirichlet --partition.dirichlet_beta 0.5 --federation.local_epochs 20 \
         --seed 0 --run.dir /tmp/feddf_diag
 
-Settings are those of ``python -m fl_lightning fit``; prints one Markdown table.
+Settings are those of ``python -m fl_lightning fit``; prints one Markdown table and writes it
+to ``diagnosis.json`` in the run's folder. The averaged model is also scored on the whole test
+set, as one-round FedAvg's own runs are: a FedDF run at the paper's E then measures FedAvg's cell
+too, at no extra training (its clients train exactly as FedAvg's: tests/test_diagnose_feddf.py).
 """
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -28,6 +33,7 @@ def accuracy(logits_or_probs: torch.Tensor, y: torch.Tensor) -> float:
 def diagnose(argv: list[str]):
     """(the measures, the averaged model's state, the finished Federation) of one run."""
     from fl_lightning.algorithms.baselines.fedavg import FedAvg
+    from fl_lightning.data.datasets import load_dataset
     from fl_lightning.settings import build_federation
     from fl_lightning.strategy import model_logits
 
@@ -56,8 +62,10 @@ def diagnose(argv: list[str]):
     averaged, _ = FedAvg.aggregate(strategy, fed.state, results)  # FedDF's first step, as its server takes it
     student = logits(fed.state, x)
     teacher_public = members_public.mean(0).softmax(1)
+    whole = load_dataset(fed.data_cfg)  # the run's test set lost its public half to the server
     measures = {
         "averaged model (one-round FedAvg)": accuracy(logits(averaged, x), y),
+        "averaged model on the whole test set (FedAvg's cell)": accuracy(logits(averaged, whole.test_x), whole.test_y),
         "mean-logit ensemble (FedDF's teacher)": accuracy(members.mean(0), y),
         "mean-probability ensemble (close-set vote)": accuracy(members.softmax(2).mean(0), y),
         "distilled student (the run)": accuracy(student, y),
@@ -68,7 +76,8 @@ def diagnose(argv: list[str]):
 
 
 def main(argv: list[str]) -> None:
-    out, _, _ = diagnose(argv)
+    out, _, fed = diagnose(argv)
+    (Path(fed.run_dir) / "diagnosis.json").write_text(json.dumps(out, indent=1) + "\n")
     print("| measure | value |\n|---|---|")
     for name, value in out.items():
         text = f"{value[0]:.1f}-{value[1]:.1f}" if isinstance(value, tuple) else f"{value:.1f} %"
