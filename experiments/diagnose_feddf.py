@@ -15,6 +15,9 @@ Settings are those of ``python -m fl_lightning fit``; prints one Markdown table 
 to ``diagnosis.json`` in the run's folder. The averaged model is also scored on the whole test
 set, as one-round FedAvg's own runs are: a FedDF run at the paper's E then measures FedAvg's cell
 too, at no extra training (its clients train exactly as FedAvg's: tests/test_diagnose_feddf.py).
+FedNova's clients train as FedAvg's as well, and only its server differs (each update
+normalised by the client's local steps); with SGD (the code reading's optimizer) the same
+clients therefore also give one-round FedNova's model and cell.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ def accuracy(logits_or_probs: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def diagnose(argv: list[str]):
-    """(the measures, the averaged model's state, the finished Federation) of one run."""
+    """(the measures, the servers' models {"fedavg": state, "fednova": state or None}, the
+    finished Federation) of one run."""
+    from fl_lightning.aggregation import fednova
     from fl_lightning.algorithms.baselines.fedavg import FedAvg
     from fl_lightning.data.datasets import load_dataset
     from fl_lightning.settings import build_federation
@@ -43,7 +48,7 @@ def diagnose(argv: list[str]):
     aggregate = strategy.aggregate
 
     def keep_results(state, results):
-        received["results"] = results
+        received["start"], received["results"] = state, results
         return aggregate(state, results)
 
     strategy.aggregate = keep_results
@@ -60,6 +65,7 @@ def diagnose(argv: list[str]):
     members = torch.stack([logits(r.params, x) for r in results])  # (N, B, C)
     members_public = torch.stack([logits(r.params, public) for r in results])
     averaged, _ = FedAvg.aggregate(strategy, fed.state, results)  # FedDF's first step, as its server takes it
+    optimizer = strategy.optimizer
     student = logits(fed.state, x)
     teacher_public = members_public.mean(0).softmax(1)
     whole = load_dataset(fed.data_cfg)  # the run's test set lost its public half to the server
@@ -72,7 +78,13 @@ def diagnose(argv: list[str]):
         "student = teacher on the public half": accuracy(logits(fed.state, public), teacher_public.argmax(1)),
         "members' logit std, min-max": (float(members.std(dim=(1, 2)).min()), float(members.std(dim=(1, 2)).max())),
     }
-    return measures, averaged, fed
+    normalised = None
+    if optimizer.name == "sgd":  # FedNova's normalisation a_i assumes SGD steps (FedNova.setup refuses others)
+        normalised = fednova(received["start"], [r.params for r in results], [r.steps for r in results],
+                             [r.num_samples for r in results], optimizer.momentum, strategy.weighted)
+        measures["FedNova's server on the same clients, whole test set (FedNova's cell)"] = accuracy(
+            logits(normalised, whole.test_x), whole.test_y)
+    return measures, {"fedavg": averaged, "fednova": normalised}, fed
 
 
 def main(argv: list[str]) -> None:
