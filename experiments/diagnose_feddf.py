@@ -65,7 +65,6 @@ def diagnose(argv: list[str]):
     members = torch.stack([logits(r.params, x) for r in results])  # (N, B, C)
     members_public = torch.stack([logits(r.params, public) for r in results])
     averaged, _ = FedAvg.aggregate(strategy, fed.state, results)  # FedDF's first step, as its server takes it
-    optimizer = strategy.optimizer
     student = logits(fed.state, x)
     teacher_public = members_public.mean(0).softmax(1)
     whole = load_dataset(fed.data_cfg)  # the run's test set lost its public half to the server
@@ -78,7 +77,7 @@ def diagnose(argv: list[str]):
         "student = teacher on the public half": accuracy(logits(fed.state, public), teacher_public.argmax(1)),
         "members' logit std, min-max": (float(members.std(dim=(1, 2)).min()), float(members.std(dim=(1, 2)).max())),
     }
-    normalised = None
+    normalised, optimizer = None, strategy.optimizer
     if optimizer.name == "sgd":  # FedNova's normalisation a_i assumes SGD steps (FedNova.setup refuses others)
         normalised = fednova(received["start"], [r.params for r in results], [r.steps for r in results],
                              [r.num_samples for r in results], optimizer.momentum, strategy.weighted)
