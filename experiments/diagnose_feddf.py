@@ -36,8 +36,8 @@ def accuracy(logits_or_probs: torch.Tensor, y: torch.Tensor) -> float:
 def diagnose(argv: list[str]):
     """(the measures, the servers' models {"fedavg": state, "fednova": state or None}, the
     finished Federation) of one run."""
-    from fl_lightning.aggregation import fednova
     from fl_lightning.algorithms.baselines.fedavg import FedAvg
+    from fl_lightning.algorithms.baselines.fednova import FedNova
     from fl_lightning.data.datasets import load_dataset
     from fl_lightning.settings import build_federation
     from fl_lightning.strategy import model_logits
@@ -77,10 +77,10 @@ def diagnose(argv: list[str]):
         "student = teacher on the public half": accuracy(logits(fed.state, public), teacher_public.argmax(1)),
         "members' logit std, min-max": (float(members.std(dim=(1, 2)).min()), float(members.std(dim=(1, 2)).max())),
     }
-    normalised, optimizer = None, strategy.optimizer
-    if optimizer.name == "sgd":  # FedNova's normalisation a_i assumes SGD steps (FedNova.setup refuses others)
-        normalised = fednova(received["start"], [r.params for r in results], [r.steps for r in results],
-                             [r.num_samples for r in results], optimizer.momentum, strategy.weighted)
+    normalised = None
+    if strategy.optimizer.name == "sgd":  # FedNova's a_i assumes SGD steps (FedNova.setup refuses others)
+        # FedNova's own server, from the state the round started at, as it takes it
+        normalised, _ = FedNova.aggregate(strategy, received["start"], results)
         measures["FedNova's server on the same clients, whole test set (FedNova's cell)"] = accuracy(
             logits(normalised, whole.test_x), whole.test_y)
     return measures, {"fedavg": averaged, "fednova": normalised}, fed
