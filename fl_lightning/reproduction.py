@@ -141,11 +141,28 @@ def last_value(record: RunRecord, key: str) -> float:
     return float(values[-1])
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys silently; a cell written with two ``runs:`` or
+    ``budget_runs:`` would then show other runs than the ones its author meant."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ValueError(f"line {key_node.start_mark.line + 1}: key {key!r} appears twice in one mapping")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_cells(spec: str | Path) -> list[Cell]:
     """The cells of ``spec``, each with its run records loaded (none where ``runs`` is empty
     or the folder holds no run yet)."""
     spec = Path(spec)
-    raw = yaml.safe_load(spec.read_text()) or {}
+    try:
+        raw = yaml.load(spec.read_text(), Loader=_UniqueKeyLoader) or {}
+    except ValueError as err:
+        raise ValueError(f"{spec}: {err}") from None
     if not isinstance(raw.get("cells"), list):
         raise ValueError(f"{spec}: expected a top-level 'cells:' list")
     known = {f for f in Cell.__dataclass_fields__ if not f.endswith("records") and f not in ("extra", "table")}

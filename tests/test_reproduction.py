@@ -267,6 +267,11 @@ def test_runs_at_the_papers_budget_are_shown_beside_the_cell_and_kept_out_of_its
      runs: runs/fedov, budget_runs: runs/fedov_e200, budget_label: "at ten times our epochs (the paper states none)"}
 """))
     assert "**at ten times our epochs (the paper states none)** (E = 200, 1 round" in " | ".join(reproduction.row(c, {"c": c}))
+    with pytest.raises(ValueError, match=r"cells.yaml: line 4: key 'budget_runs' appears twice in one mapping"):
+        reproduction.load_cells(spec(tmp_path, """
+  - {id: a, paper: P, data: D, setting: S, method: M, paper_value: 88.9, paper_protocol: x, runs: runs/fedov,
+     budget_runs: runs/fedov_e200, budget_runs: runs/fedov}
+"""))
     with pytest.raises(ValueError, match="cell 'a': budget_runs 'runs/typo' is not a folder"):
         reproduction.load_cells(spec(tmp_path, """
   - {id: a, paper: P, data: D, setting: S, method: M, paper_value: 88.9, paper_protocol: x, runs: runs/fedov,
