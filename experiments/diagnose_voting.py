@@ -3,10 +3,14 @@ the member holds, the open-set "unknown" probability on held and unheld classes,
 vote restricted to members that hold the true class (an oracle no method has), and the
 plurality of the members' hard predictions (one vote each, ties to the summed probabilities).
 
-    .venv/bin/python experiments/diagnose_voting.py RUN_DIR [RUN_DIR ...]
+    .venv/bin/python experiments/diagnose_voting.py [--per-class] RUN_DIR [RUN_DIR ...]
 
 Each RUN_DIR is a finished one-shot FedOV or close-set voting run (its checkpoint and
 summary.json); prints one Markdown row per run. Used for the Dir(0.5) note in README.md.
+With --per-class, one table per run, one row per true class: where its test images go
+(the most frequent wrong class), the mean vote each of the two classes gets, and what the
+members holding each class give those images (P(class), P(unknown)). It names the members
+whose votes carry a class's errors.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from pathlib import Path
 import torch
 
 
-def diagnose(run_dir: Path) -> dict[str, float]:
+def member_outputs(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, object]:
+    """The run's members' softmax outputs on the test set (N, B, outputs), the labels (B,),
+    which classes each member holds (N, n) and the federation."""
     from fl_lightning.checkpoint import load_checkpoint
     from fl_lightning.settings import federation_from_config
 
@@ -36,6 +42,14 @@ def diagnose(run_dir: Path) -> dict[str, float]:
                            for i in range(0, len(x), 2000)], 1)  # (N, B, outputs)
     n = fed._data.num_classes
     held = torch.as_tensor(fed.partition_counts[:, :n] > 0)  # (N, n)
+    if probs.shape[0] != held.shape[0]:
+        raise ValueError(f"{run_dir}: {probs.shape[0]} of {held.shape[0]} clients voted; this diagnosis needs all")
+    return probs, y, held, fed
+
+
+def diagnose(run_dir: Path) -> dict[str, float]:
+    probs, y, held, fed = member_outputs(run_dir)
+    n = held.shape[1]
     holds_truth = held[:, y]  # (N, B): member holds the sample's class
     known = probs[..., :n]
     member_correct = (known.argmax(-1) == y).float()
@@ -52,7 +66,52 @@ def diagnose(run_dir: Path) -> dict[str, float]:
     return out
 
 
+def per_class(run_dir: Path) -> list[dict]:
+    """Per true class c (see the module docstring): its accuracy, its most frequent wrong class
+    w, the mean vote for c and for w on c's images, and each holder's mean output on them."""
+    probs, y, held, fed = member_outputs(run_dir)
+    n = held.shape[1]
+    votes = fed.strategy.vote(probs)  # (B, n)
+    pred = votes.argmax(1)
+    open_set = probs.shape[-1] > n
+    rows = []
+    for c in range(n):
+        mine = y == c
+        if not bool(mine.any()):
+            continue
+        wrong = pred[mine][pred[mine] != c]
+        w = int(wrong.mode().values) if len(wrong) else None
+        p = probs[:, mine].mean(1)  # (N, outputs): each member's mean output on class c's images
+
+        def holders(k: int) -> dict[int, tuple[float, float | None]]:
+            return {m: (float(p[m, k]), float(p[m, n]) if open_set else None)
+                    for m in torch.nonzero(held[:, k]).flatten().tolist()}
+
+        rows.append({"class": c, "accuracy": float((pred[mine] == c).float().mean()),
+                     "wrong_class": w, "wrong_share": len(wrong) / int(mine.sum()),
+                     "vote_c": float(votes[mine, c].mean()),
+                     "vote_w": float(votes[mine, w].mean()) if w is not None else None,
+                     "holders_c": holders(c), "holders_w": holders(w) if w is not None else {}})
+    return rows
+
+
+def _holders(h: dict[int, tuple[float, float | None]]) -> str:
+    return "; ".join(f"{m}: {pc:.2f}" + (f", {pu:.2f}" if pu is not None else "") for m, (pc, pu) in h.items()) or "none"
+
+
 def main(run_dirs: list[str]) -> None:
+    if run_dirs and run_dirs[0] == "--per-class":
+        for d in run_dirs[1:]:
+            print(f"\n{d}\n")
+            print("| class c | accuracy | most frequent wrong class w | mean vote for c / w | "
+                  "holders of c: P(c)[, P(unknown)] | holders of w: P(w)[, P(unknown)] |")
+            print("|---|---|---|---|---|---|")
+            for r in per_class(Path(d)):
+                w = "—" if r["wrong_class"] is None else f"{r['wrong_class']} ({100 * r['wrong_share']:.1f} % of c)"
+                vote_w = "—" if r["vote_w"] is None else f"{r['vote_w']:.2f}"
+                print(f"| {r['class']} | {100 * r['accuracy']:.1f} | {w} | {r['vote_c']:.2f} / {vote_w} | "
+                      f"{_holders(r['holders_c'])} | {_holders(r['holders_w'])} |")
+        return
     print("| run | accuracy | member accuracy on held classes | oracle vote | hard vote | P(unknown) held / unheld |")
     print("|---|---|---|---|---|---|")
     for d in run_dirs:
