@@ -8,7 +8,7 @@ plurality of the members' hard predictions (one vote each, ties to the summed pr
 Each RUN_DIR is a finished one-shot FedOV or close-set voting run (its checkpoint and
 summary.json); prints one Markdown row per run. Used for the Dir(0.5) note in README.md.
 With --per-class, one table per run, one row per true class: where its test images go
-(the most frequent wrong class), the mean vote each of the two classes gets, and what the
+(the most frequent wrong class w, and the share of c's images voted w), the mean vote each of the two classes gets, and what the
 members holding each class give those images (P(class), P(unknown)). It names the members
 whose votes carry a class's errors.
 """
@@ -88,7 +88,7 @@ def per_class(run_dir: Path) -> list[dict]:
                     for m in torch.nonzero(held[:, k]).flatten().tolist()}
 
         rows.append({"class": c, "accuracy": float((pred[mine] == c).float().mean()),
-                     "wrong_class": w, "wrong_share": len(wrong) / int(mine.sum()),
+                     "wrong_class": w, "share_to_w": float((pred[mine] == w).float().mean()) if w is not None else 0.0,
                      "vote_c": float(votes[mine, c].mean()),
                      "vote_w": float(votes[mine, w].mean()) if w is not None else None,
                      "holders_c": holders(c), "holders_w": holders(w) if w is not None else {}})
@@ -107,7 +107,7 @@ def main(run_dirs: list[str]) -> None:
                   "holders of c: P(c)[, P(unknown)] | holders of w: P(w)[, P(unknown)] |")
             print("|---|---|---|---|---|---|")
             for r in per_class(Path(d)):
-                w = "—" if r["wrong_class"] is None else f"{r['wrong_class']} ({100 * r['wrong_share']:.1f} % of c)"
+                w = "—" if r["wrong_class"] is None else f"{r['wrong_class']} ({100 * r['share_to_w']:.1f} % of c's images)"
                 vote_w = "—" if r["vote_w"] is None else f"{r['vote_w']:.2f}"
                 print(f"| {r['class']} | {100 * r['accuracy']:.1f} | {w} | {r['vote_c']:.2f} / {vote_w} | "
                       f"{_holders(r['holders_c'])} | {_holders(r['holders_w'])} |")

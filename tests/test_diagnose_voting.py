@@ -28,10 +28,10 @@ def test_per_class_rows_match_the_runs_own_per_class_accuracy_and_confusion(tmp_
     for r in rows:
         c, confusion = r["class"], measured["confusion"][r["class"]]
         assert r["accuracy"] == pytest.approx(measured["accuracy"][c], abs=1e-6)
-        assert r["wrong_share"] == pytest.approx(1 - measured["accuracy"][c], abs=1e-6)
         others = {k: v for k, v in enumerate(confusion) if k != c and v > 0}
         if others:  # the most frequent wrong class is the confusion row's largest off-diagonal entry
             assert confusion[r["wrong_class"]] == max(others.values())
+            assert r["share_to_w"] == pytest.approx(confusion[r["wrong_class"]] / sum(confusion), abs=1e-6)
         else:
             assert r["wrong_class"] is None
         assert set(r["holders_c"]) == {m for m in range(held.shape[0]) if held[m, c]}
