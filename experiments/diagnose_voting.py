@@ -6,11 +6,13 @@ plurality of the members' hard predictions (one vote each, ties to the summed pr
     .venv/bin/python experiments/diagnose_voting.py [--per-class] RUN_DIR [RUN_DIR ...]
 
 Each RUN_DIR is a finished one-shot FedOV or close-set voting run (its checkpoint and
-summary.json); prints one Markdown row per run. Used for the Dir(0.5) note in README.md.
-With --per-class, one table per run, one row per true class: where its test images go
-(the most frequent wrong class w, and the share of c's images voted w), the mean vote each of the two classes gets, and what the
-members holding each class give those images (P(class), P(unknown)). It names the members
-whose votes carry a class's errors.
+summary.json); prints one Markdown row per run. Used for the Dir(0.5) note in
+docs/reproduction.md and the voting notes in docs/reproduction_readings.md.
+
+With --per-class, one table per run, one row per true class c: where its test images go (the
+most frequent wrong class w and the share of c's images voted w), the mean vote for c and for
+w, and what the members holding each of the two classes give those images (P(class),
+P(unknown)). It names the members whose votes carry a class's errors.
 """
 
 from __future__ import annotations
