@@ -17,6 +17,7 @@ P(unknown)). It names the members whose votes carry a class's errors.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -101,14 +102,31 @@ def _holders(h: dict[int, tuple[float, float | None]]) -> str:
     return "; ".join(f"{m}: {pc:.2f}" + (f", {pu:.2f}" if pu is not None else "") for m, (pc, pu) in h.items()) or "none"
 
 
-def main(run_dirs: list[str]) -> None:
-    if run_dirs and run_dirs[0] == "--per-class":
-        for d in run_dirs[1:]:
+def _finished_run(path: str) -> Path:
+    run_dir = Path(path)
+    missing = [name for name in ("summary.json", "checkpoints/last.ckpt") if not (run_dir / name).is_file()]
+    if missing:
+        raise argparse.ArgumentTypeError(
+            f"{run_dir} is not a finished run's --run.dir: it lacks {' and '.join(missing)} "
+            "(the committed reproduction folders keep only summary.json: rerun the cell's command)")
+    return run_dir
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--per-class", action="store_true",
+                        help="one table per run, one row per true class, instead of one row per run")
+    parser.add_argument("run_dirs", nargs="+", type=_finished_run, metavar="RUN_DIR",
+                        help="a finished one-shot run's --run.dir (its summary.json and checkpoints/last.ckpt)")
+    args = parser.parse_args(argv)
+    if args.per_class:
+        for d in args.run_dirs:
             print(f"\n{d}\n")
             print("| class c | accuracy | most frequent wrong class w | mean vote for c / w | "
                   "holders of c: P(c)[, P(unknown)] | holders of w: P(w)[, P(unknown)] |")
             print("|---|---|---|---|---|---|")
-            for r in per_class(Path(d)):
+            for r in per_class(d):
                 w = "—" if r["wrong_class"] is None else f"{r['wrong_class']} ({100 * r['share_to_w']:.1f} % of c's images)"
                 vote_w = "—" if r["vote_w"] is None else f"{r['vote_w']:.2f}"
                 print(f"| {r['class']} | {100 * r['accuracy']:.1f} | {w} | {r['vote_c']:.2f} / {vote_w} | "
@@ -116,8 +134,8 @@ def main(run_dirs: list[str]) -> None:
         return
     print("| run | accuracy | member accuracy on held classes | oracle vote | hard vote | P(unknown) held / unheld |")
     print("|---|---|---|---|---|---|")
-    for d in run_dirs:
-        r = diagnose(Path(d))
+    for d in args.run_dirs:
+        r = diagnose(d)
         unknown = (f"{r['p_unknown_held']:.3f} / {r['p_unknown_unheld']:.3f}" if "p_unknown_held" in r else "—")
         print(f"| {d} | {100 * r['accuracy']:.1f} | {100 * r['member_acc_on_held']:.1f} | "
               f"{100 * r['oracle_vote']:.1f} | {100 * r['hard_vote']:.1f} | {unknown} |")

@@ -36,3 +36,11 @@ def test_per_class_rows_match_the_runs_own_per_class_accuracy_and_confusion(tmp_
             assert r["wrong_class"] is None
         assert set(r["holders_c"]) == {m for m in range(held.shape[0]) if held[m, c]}
         assert all(0 <= p <= 1 and 0 <= unknown <= 1 for p, unknown in r["holders_c"].values())
+
+
+def test_a_folder_without_its_checkpoint_is_refused_by_name(tmp_path, capsys):
+    (tmp_path / "summary.json").write_text("{}")  # what a committed reproduction folder keeps
+    with pytest.raises(SystemExit) as stopped:
+        experiment_script("diagnose_voting").main(["--per-class", str(tmp_path)])
+    assert stopped.value.code == 2
+    assert f"{tmp_path} is not a finished run's --run.dir: it lacks checkpoints/last.ckpt" in capsys.readouterr().err
