@@ -82,7 +82,8 @@ def per_class(run_dir: Path) -> list[dict]:
         mine = y == c
         if not bool(mine.any()):
             continue
-        wrong = pred[mine][pred[mine] != c]
+        voted = pred[mine]
+        wrong = voted[voted != c]
         w = int(wrong.mode().values) if len(wrong) else None
         p = probs[:, mine].mean(1)  # (N, outputs): each member's mean output on class c's images
 
@@ -90,8 +91,8 @@ def per_class(run_dir: Path) -> list[dict]:
             return {m: (float(p[m, k]), float(p[m, n]) if open_set else None)
                     for m in torch.nonzero(held[:, k]).flatten().tolist()}
 
-        rows.append({"class": c, "accuracy": float((pred[mine] == c).float().mean()),
-                     "wrong_class": w, "share_to_w": float((pred[mine] == w).float().mean()) if w is not None else 0.0,
+        rows.append({"class": c, "accuracy": float((voted == c).float().mean()),
+                     "wrong_class": w, "share_to_w": float((voted == w).float().mean()) if w is not None else 0.0,
                      "vote_c": float(votes[mine, c].mean()),
                      "vote_w": float(votes[mine, w].mean()) if w is not None else None,
                      "holders_c": holders(c), "holders_w": holders(w) if w is not None else {}})
