@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from fl_lightning.atomic_file import write_atomic
 from fl_lightning.callbacks import Checkpointing, ConsoleProgress, FederatedCallback, MetricsLogger, PartitionStatistics
 from fl_lightning.callbacks.logging import progress_mode
 from fl_lightning.callbacks.training_accuracy import TrainingAccuracy
@@ -492,9 +493,8 @@ class Federation:
     def write_summary(self, summary: dict[str, Any]) -> Path:
         path = Path(self.run_dir) / "summary.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(summary, indent=1, default=str))
-        tmp.replace(path)
+        text = json.dumps(summary, indent=1, default=str).encode()
+        write_atomic(path, lambda f: f.write(text))
         return path
 
 

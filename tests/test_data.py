@@ -1,5 +1,6 @@
 import gzip
 import pickle
+import shutil
 import struct
 
 import numpy as np
@@ -267,3 +268,29 @@ def test_an_idx_gz_dir_never_overwrites_a_copy_it_did_not_unpack(tmp_path):
     cfg = DataConfig(name="mnist", root=str(tmp_path / "data"), offline_roots=[], idx_gz_dir=str(tmp_path / "own"))
     assert load_dataset(cfg).train_x.shape == (12, 1, 28, 28)
     assert {f.name: f.read_bytes() for f in raw.iterdir() if f.name in before} == before
+
+
+def test_two_runs_unpacking_one_cache_at_once_both_read_whole_files(tmp_path, monkeypatch):
+    # A second run unpacks the same cache while the first is half-way through a file, as two
+    # runs started together on a fresh machine do. Before, both used one temporary name, the
+    # second renamed the first's half-written file away and the first failed.
+    write_idx_gz(tmp_path / "gz")
+    cfg = DataConfig(name="fashion_mnist", root=str(tmp_path / "cache"), offline_roots=[],
+                     idx_gz_dir=str(tmp_path / "gz"))
+    copy, second_run = shutil.copyfileobj, {}
+
+    def copy_with_a_second_run_in_the_middle(src, dst, *args):
+        if "started" not in second_run:
+            second_run["started"] = True
+            dst.write(src.read(8))
+            second_run["data"] = load_dataset(cfg)
+        copy(src, dst, *args)
+
+    monkeypatch.setattr(shutil, "copyfileobj", copy_with_a_second_run_in_the_middle)
+    first = load_dataset(cfg)
+
+    assert torch.equal(first.train_x, second_run["data"].train_x) and first.train_x.shape == (12, 1, 28, 28)
+    raw = tmp_path / "cache" / "FashionMNIST" / "raw"
+    for gz in (tmp_path / "gz").glob("*.gz"):
+        assert (raw / gz.stem).read_bytes() == gzip.decompress(gz.read_bytes())
+    assert not list(raw.glob("*.partial")) and not list(raw.glob(".*.partial"))

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from fl_lightning.atomic_file import write_atomic
 from fl_lightning.config import DataConfig
 from fl_lightning.data.sources import (DataNotFoundError, data_root, download_note, explicit_folder, machine_idx_gz,
                                        search_roots, with_mirror)
@@ -263,7 +264,7 @@ def _unpack_idx_gz(source: Path, target: Path) -> None:
     if _has_idx_files(target) and not origin.is_file():  # someone else's copy: never overwritten
         if all((target / n).read_bytes() == gzip.decompress((source / f"{n}.gz").read_bytes()) for n in _IDX_FILES):
             try:  # the archive's own files (e.g. gunzipped by hand): known as such from now on
-                origin.write_text(str(source.resolve()))
+                _write_origin(origin, source)
             except OSError:  # a read-only copy: compared again next time
                 pass
             return
@@ -277,11 +278,14 @@ def _unpack_idx_gz(source: Path, target: Path) -> None:
         archive, unpacked = source / f"{name}.gz", target / name
         if same_source and unpacked.is_file() and unpacked.stat().st_size == _gz_size(archive):
             continue
-        partial = target / f"{name}.partial"
-        with gzip.open(archive, "rb") as src, open(partial, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        partial.replace(unpacked)  # atomic: a crash never leaves a truncated idx file
-    origin.write_text(str(source.resolve()))
+        with gzip.open(archive, "rb") as src:
+            write_atomic(unpacked, lambda dst: shutil.copyfileobj(src, dst))
+    _write_origin(origin, source)
+
+
+def _write_origin(origin: Path, source: Path) -> None:
+    text = str(source.resolve()).encode()
+    write_atomic(origin, lambda f: f.write(text))
 
 
 def _gz_size(archive: Path) -> int:

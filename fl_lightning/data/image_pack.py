@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fl_lightning.atomic_file import write_atomic
+
 FORMAT = "fl_lightning.image_pack/1"
 
 
@@ -76,10 +78,9 @@ def write(path: str | Path, name: str, train: tuple[Tensor, Tensor], test: tuple
               "mean_abs_change": change}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as f:  # np.savez would append .npz to a name without it
-        np.savez(f, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)
-    partial.replace(path)  # a crash never leaves a truncated pack under the real name
+    # np.savez writes into an open file: given a name without .npz, it would append one
+    write_atomic(path, lambda f: np.savez(f, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
+                                          **arrays))
     return header
 
 

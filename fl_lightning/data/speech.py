@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import re
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -46,6 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fl_lightning.atomic_file import write_atomic
 from fl_lightning.config import DataConfig
 from fl_lightning.data.sources import DataNotFoundError, explicit_folder, search_roots
 
@@ -281,13 +281,7 @@ def cached_features(corpus: str, split: SpeechSplit, settings: MfccSettings, cac
     }
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        partial = cache_dir / f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial"
-        try:
-            with open(partial, "wb") as f:
-                torch.save(features, f)
-            os.replace(partial, path)  # atomic within one file system
-        finally:
-            partial.unlink(missing_ok=True)
+        write_atomic(path, lambda f: torch.save(features, f))
     except OSError as err:  # a read-only data root still trains, it only recomputes next time
         log.warning("could not cache features in %s (%s)", cache_dir, err)
     return features
